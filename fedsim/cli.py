@@ -1,0 +1,159 @@
+"""The ``fedsim`` command.
+
+``fedsim run NAME|PATH [--set key=value ...] [--out DIR]``: run a scenario end to end.
+``fedsim scenarios``: list the shipped scenarios.
+``fedsim privacy ...``: the central accountant on its own (see ``fedsim privacy --help``).
+
+Bad input exits with code 2 and a one-line (or one-block) message naming what was wrong; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+def _quiet_env() -> None:
+    """No network, no telemetry: the defaults a simulator should have (the user can still override them)."""
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    }.items():
+        os.environ.setdefault(key, value)
+
+
+def _fail(message: str) -> int:
+    print(f"fedsim: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from fedsim.scenarios import available_scenarios, load_scenario
+
+    for name in available_scenarios():
+        print(f"{name:<24} {load_scenario(name).description}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fedsim.scenarios import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario, args.set)
+    except ScenarioError as exc:
+        return _fail(str(exc))
+    from fedsim.engine.runner import format_row, run_scenario
+
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=True, disable=args.no_progress,
+    )
+    task = progress.add_task("starting engine", total=scenario.rounds)
+
+    def on_row(row: dict[str, Any]) -> None:
+        progress.console.print(format_row(row, scenario.rounds))
+        progress.update(task, advance=1, description=f"round {row['round']}")
+
+    try:
+        with progress:
+            result = run_scenario(scenario, args.out, on_row=on_row)
+    except ValueError as exc:  # invalid combination found while building data, model or strategy
+        return _fail(str(exc))
+    if result.stopped_reason:
+        console.print(f"[yellow]{result.stopped_reason}[/yellow]")
+    _print_summary(console, result)
+    return 0
+
+
+def describe_statement(gen: dict[str, Any]) -> str:
+    status = gen.get("status", "n/a")
+    if status == "ok":
+        return f"P(|gen gap| > {gen['a']:.3g}) < {gen['b']:.3g} (using epsilon {gen['eps_used']:.3g})"
+    n_min = gen.get("n_min")
+    need = f"; the statement needs at least {n_min:,} clients" if n_min else ""
+    return f"{status}{need}"
+
+
+def _print_summary(console: Any, result: Any) -> None:
+    rows = result.rows
+    if not rows:
+        console.print("no round was run")
+        return
+    last = rows[-1]
+    gen = last.get("generalization", {})
+    t = result.timings
+    console.print(
+        f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s "
+        f"(setup {t.get('setup_s', 0):.1f} s, engine start {t.get('engine_start_s', 0):.1f} s, "
+        f"rounds {t.get('rounds_s', 0):.1f} s)"
+    )
+    if last.get("heldout_accuracy") is not None:
+        console.print(
+            f"final: train acc {last['train_accuracy']:.3f}, held-out acc {last['heldout_accuracy']:.3f}, "
+            f"gap {last['gap_accuracy']:+.3f}"
+        )
+    igmm = last.get("paper_epsilon_igmm")
+    console.print(
+        f"privacy: certified epsilon {last['epsilon']:.3f} at delta {last['delta']:g} ({last['accountant']}); "
+        f"IGMM Theorem 7 as printed: {'undefined' if igmm is None else f'{igmm:.3f}'} (paper bound, not a "
+        "certificate)"
+    )
+    console.print(f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}")
+    if result.run_dir:
+        console.print(f"run directory: {result.run_dir}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedsim", description="Federated learning with client-level differential privacy."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a scenario end to end")
+    run.add_argument("scenario", help="a shipped scenario name (see `fedsim scenarios`) or a .toml path")
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario value, e.g. --set rounds=5 --set privacy.noise_multiplier=0.8",
+    )
+    run.add_argument("--out", default=None, help="run directory (default: a fresh runs/<time>-<name>)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    sc = sub.add_parser("scenarios", help="list the shipped scenarios")
+    sc.set_defaults(func=cmd_scenarios)
+
+    try:
+        from fedsim.privacy.cli import add_parser as add_privacy
+    except ImportError:  # pragma: no cover - the accountant's CLI is part of the package
+        pass
+    else:
+        add_privacy(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_env()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("fedsim: interrupted; finished rounds are in the run directory", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

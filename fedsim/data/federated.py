@@ -1,0 +1,560 @@
+"""``FederatedData``: the clients of one experiment, and ``build_federated_data`` that makes it.
+
+Two kinds share one interface:
+
+* ``ArrayFederatedData`` (digits, mnist1d): base arrays + one index array per client (from a
+  flwr-datasets partitioner) + per-domain feature shifts.
+* ``SyntheticFederatedData`` (synthetic): generator parameters only; each client's data is
+  computed on demand from ``(seed, client id)``.
+
+Both pickle small (no torch objects, no Hugging Face objects) so they can be shipped to Ray workers,
+and both are fully determined by their arguments and ``seed``.
+
+Domains are contiguous blocks of client ids (``domains=K`` equal blocks, or a list of fractions for
+unequal blocks). Held-out clients are drawn with the seed, stratified by domain, and are never
+trained on; every domain keeps at least one training client.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fedsim.data import synthetic as syn
+from fedsim.data._validate import check_bool, check_choice, check_float, check_int, invalid
+from fedsim.data.base import (
+    HUB_PREFIX,
+    MNIST1D_DEFAULT_SAMPLES,
+    ArrayDataset,
+    load_digits_arrays,
+    load_hub_arrays,
+    make_mnist1d_arrays,
+)
+from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, partition_rows
+
+DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic")
+"""The offline datasets. ``"hf:<repo id>"`` also loads a Hugging Face dataset (online or cached)."""
+
+_TAG_HELDOUT = 0x4E1D
+_TAG_SHIFT = 0x5411
+_TAG_NOISE = 0x4015
+
+_PARTITION_OPTION_NAMES = tuple(sorted({o for opts in PARTITIONER_OPTIONS.values() for o in opts}))
+_DOMAIN_OPTIONS = ("domain_shift", "domain_noise")
+DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
+    "digits": _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
+    "mnist1d": ("num_samples",) + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
+    "synthetic": (
+        "synthetic_alpha",
+        "synthetic_beta",
+        "synthetic_iid",
+        "synthetic_dim",
+        "synthetic_classes",
+        "synthetic_min_samples",
+        "synthetic_max_samples",
+    ),
+    HUB_PREFIX: ("hub_split", "hub_feature", "hub_label") + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
+}
+"""Extra keyword options each dataset accepts (an option passed as ``None`` counts as not given)."""
+
+DEFAULT_DOMAIN_SHIFT = 0.5
+DEFAULT_DOMAIN_NOISE = 0.0
+
+
+# --------------------------------------------------------------------------- the common interface
+class FederatedData(ABC):
+    """A population of clients: who trains, who is held out, each client's data and domain."""
+
+    dataset: str
+    num_clients: int
+    seed: int
+    heldout_fraction: float
+    input_dim: int
+    num_classes: int
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        num_clients: int,
+        seed: int,
+        heldout_fraction: float,
+        domain_sizes: tuple[int, ...],
+        domains_requested: bool,
+        input_dim: int,
+        num_classes: int,
+    ) -> None:
+        self.dataset = dataset
+        self.num_clients = num_clients
+        self.seed = seed
+        self.heldout_fraction = heldout_fraction
+        self.domain_sizes = domain_sizes
+        self.domains_requested = domains_requested
+        self.input_dim = input_dim
+        self.num_classes = num_classes
+        self._domain_starts = np.concatenate([[0], np.cumsum(domain_sizes)]).astype(np.int64)
+        self.heldout_per_domain = _allocate_heldout(heldout_fraction, domain_sizes)
+
+    # ---- abstract
+    @abstractmethod
+    def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``cid``'s examples: ``x`` float32 [n, input_dim], ``y`` int64 [n] (fresh arrays)."""
+
+    @abstractmethod
+    def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Number of examples of each client in ``cids`` (int64), without generating any data."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable summary for the run's report."""
+
+    # ---- clients
+    def num_examples(self, cid: int) -> int:
+        cid = self._check_cid(cid)
+        return int(self.num_examples_array(np.asarray([cid]))[0])
+
+    @functools.cached_property
+    def heldout_clients(self) -> np.ndarray:
+        """Sorted ids of the clients never trained on (the unseen clients)."""
+        rng = np.random.default_rng([self.seed, _TAG_HELDOUT])
+        parts = [
+            start + rng.choice(size, size=k, replace=False)
+            for start, size, k in zip(self._domain_starts[:-1], self.domain_sizes, self.heldout_per_domain)
+            if k > 0
+        ]
+        out = np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)
+        out.setflags(write=False)
+        return out
+
+    @functools.cached_property
+    def train_clients(self) -> np.ndarray:
+        """Sorted ids of the clients that may be sampled for training."""
+        mask = np.ones(self.num_clients, dtype=bool)
+        mask[self.heldout_clients] = False
+        out = np.flatnonzero(mask).astype(np.int64)
+        out.setflags(write=False)
+        return out
+
+    @property
+    def num_train_clients(self) -> int:
+        return self.num_clients - int(sum(self.heldout_per_domain))
+
+    @property
+    def num_heldout_clients(self) -> int:
+        return int(sum(self.heldout_per_domain))
+
+    def is_heldout(self, cid: int) -> bool:
+        cid = self._check_cid(cid)
+        h = self.heldout_clients
+        i = int(np.searchsorted(h, cid))
+        return i < h.size and int(h[i]) == cid
+
+    # ---- domains
+    @property
+    def num_domains(self) -> int:
+        return len(self.domain_sizes)
+
+    def domain(self, cid: int) -> int:
+        """Domain (client group) of client ``cid``, in ``range(num_domains)``."""
+        cid = self._check_cid(cid)
+        return int(np.searchsorted(self._domain_starts, cid, side="right") - 1)
+
+    def domains_of(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Vectorised ``domain``: the domain of each client id in ``cids`` (int64)."""
+        cids = np.asarray(cids, dtype=np.int64)
+        return (np.searchsorted(self._domain_starts, cids, side="right") - 1).astype(np.int64)
+
+    def domain_clients(self, d: int, *, heldout: bool = False) -> np.ndarray:
+        """Sorted training (or held-out) client ids of domain ``d``."""
+        d = check_int("domain", d, minimum=0, maximum=self.num_domains - 1)
+        ids = self.heldout_clients if heldout else self.train_clients
+        lo, hi = self._domain_starts[d], self._domain_starts[d + 1]
+        return ids[(ids >= lo) & (ids < hi)]
+
+    # ---- plumbing
+    def _check_cid(self, cid: Any) -> int:
+        if isinstance(cid, bool) or not isinstance(cid, numbers.Integral) or not 0 <= cid < self.num_clients:
+            raise invalid("cid", cid, f"an integer client id in [0, {self.num_clients - 1}]")
+        return int(cid)
+
+    def _common_description(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "num_clients": self.num_clients,
+            "num_train_clients": self.num_train_clients,
+            "num_heldout_clients": self.num_heldout_clients,
+            "heldout_fraction": self.heldout_fraction,
+            "seed": self.seed,
+            "input_dim": self.input_dim,
+            "num_classes": self.num_classes,
+            "num_domains": self.num_domains,
+            "domain_sizes": list(self.domain_sizes),
+            "heldout_per_domain": list(self.heldout_per_domain),
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # derived from the seed; recomputed on first use after unpickling (keeps huge populations small)
+        state.pop("train_clients", None)
+        state.pop("heldout_clients", None)
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(dataset={self.dataset!r}, num_clients={self.num_clients}, "
+            f"heldout={self.num_heldout_clients}, domains={self.num_domains}, seed={self.seed})"
+        )
+
+
+# --------------------------------------------------------------------------- array datasets
+class ArrayFederatedData(FederatedData):
+    """digits / mnist1d: shared base arrays and one index array per client."""
+
+    def __init__(
+        self,
+        base: ArrayDataset,
+        client_rows: list[np.ndarray],
+        *,
+        seed: int,
+        heldout_fraction: float,
+        domain_sizes: tuple[int, ...],
+        domains_requested: bool,
+        domain_shift: float,
+        domain_noise: float,
+        partition_settings: dict[str, Any],
+        dataset_settings: dict[str, Any],
+    ) -> None:
+        super().__init__(
+            dataset=base.name,
+            num_clients=len(client_rows),
+            seed=seed,
+            heldout_fraction=heldout_fraction,
+            domain_sizes=domain_sizes,
+            domains_requested=domains_requested,
+            input_dim=base.input_dim,
+            num_classes=base.num_classes,
+        )
+        self.x = base.x
+        self.y = base.y
+        sizes = np.asarray([r.size for r in client_rows], dtype=np.int64)
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._rows = np.concatenate(client_rows).astype(np.int32 if base.x.shape[0] < 2**31 else np.int64)
+        self.partition_settings = partition_settings
+        self.dataset_settings = dataset_settings
+        self.domain_shift = domain_shift
+        self.domain_noise = domain_noise
+        # Domain d's features: x + shift[d] (+ per-example noise of std noise_std[d] * feature std).
+        k = self.num_domains
+        std = base.x.std(axis=0).astype(np.float64)
+        self._shift = np.zeros((k, base.input_dim), dtype=np.float32)
+        for d in range(1, k):
+            z = np.random.default_rng([seed, _TAG_SHIFT, d]).standard_normal(base.input_dim)
+            self._shift[d] = (domain_shift * std * z).astype(np.float32)
+        levels = np.arange(k) / (k - 1) if k > 1 else np.zeros(1)
+        self._noise_std = (domain_noise * levels[:, None] * std[None, :]).astype(np.float32)
+
+    def client_rows(self, cid: int) -> np.ndarray:
+        """Indices into the base arrays ``x``/``y`` of client ``cid``'s examples (read-only view)."""
+        cid = self._check_cid(cid)
+        out = self._rows[self._offsets[cid] : self._offsets[cid + 1]].view()
+        out.setflags(write=False)
+        return out
+
+    def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.client_rows(cid)
+        x = self.x[rows]
+        d = self.domain(cid)
+        if d > 0:
+            x += self._shift[d]
+            if self.domain_noise > 0:
+                rng = np.random.default_rng([self.seed, _TAG_NOISE, int(cid)])
+                x += (rng.standard_normal(x.shape) * self._noise_std[d]).astype(np.float32)
+        return x, self.y[rows]
+
+    def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
+        cids = np.asarray(cids, dtype=np.int64)
+        if cids.size and (cids.min() < 0 or cids.max() >= self.num_clients):
+            raise invalid("cids", cids.tolist(), f"client ids in [0, {self.num_clients - 1}]")
+        return (self._offsets[cids + 1] - self._offsets[cids]).astype(np.int64)
+
+    def label_entropy(self, cid: int) -> float:
+        """Entropy (nats) of client ``cid``'s label distribution; log(num_classes) is uniform."""
+        counts = np.bincount(self.y[self.client_rows(cid)], minlength=self.num_classes)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+    def describe(self) -> dict[str, Any]:
+        sizes = np.diff(self._offsets)
+        entropy = np.array([self.label_entropy(c) for c in range(self.num_clients)])
+        out = self._common_description()
+        out.update(self.dataset_settings)
+        out.update(
+            {
+                "num_examples": int(sizes.sum()),
+                "examples_per_client": _stats(sizes),
+                "mean_client_label_entropy": float(entropy.mean()),
+                "max_label_entropy": float(math.log(self.num_classes)),
+                **self.partition_settings,
+                "domain_shift": self.domain_shift if self.num_domains > 1 else None,
+                "domain_noise": self.domain_noise if self.num_domains > 1 else None,
+            }
+        )
+        return out
+
+
+# --------------------------------------------------------------------------- synthetic
+class SyntheticFederatedData(FederatedData):
+    """Synthetic(alpha, beta): clients generated on demand from ``(seed, client id)``."""
+
+    def __init__(
+        self,
+        *,
+        num_clients: int,
+        seed: int,
+        heldout_fraction: float,
+        domain_sizes: tuple[int, ...],
+        domains_requested: bool,
+        alpha: float,
+        beta: float,
+        iid: bool,
+        dim: int,
+        num_classes: int,
+        min_samples: int,
+        max_samples: int,
+    ) -> None:
+        super().__init__(
+            dataset="synthetic",
+            num_clients=num_clients,
+            seed=seed,
+            heldout_fraction=heldout_fraction,
+            domain_sizes=domain_sizes,
+            domains_requested=domains_requested,
+            input_dim=dim,
+            num_classes=num_classes,
+        )
+        self.alpha = alpha
+        self.beta = beta
+        self.iid = iid
+        self.min_samples = min_samples
+        self.max_samples = max_samples
+        # one (u, B) draw per domain when domains are asked for; else every client draws its own
+        self._domain_means = (
+            tuple(syn.domain_means(seed, d, alpha, beta) for d in range(self.num_domains))
+            if domains_requested
+            else None
+        )
+
+    def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
+        cid = self._check_cid(cid)
+        return syn.generate_client(
+            self.seed,
+            cid,
+            alpha=self.alpha,
+            beta=self.beta,
+            iid=self.iid,
+            dim=self.input_dim,
+            num_classes=self.num_classes,
+            num_samples=self.num_examples(cid),
+            shared_means=None if self._domain_means is None else self._domain_means[self.domain(cid)],
+        )
+
+    def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
+        cids = np.asarray(cids, dtype=np.int64)
+        if cids.size and (cids.min() < 0 or cids.max() >= self.num_clients):
+            raise invalid("cids", cids.tolist()[:10], f"client ids in [0, {self.num_clients - 1}]")
+        return syn.synthetic_sizes(self.seed, cids, self.min_samples, self.max_samples)
+
+    def describe(self) -> dict[str, Any]:
+        out = self._common_description()
+        # sizes of at most 100k clients (a uniform stride over the population) keep this cheap
+        step = max(1, self.num_clients // 100_000)
+        sizes = self.num_examples_array(np.arange(0, self.num_clients, step))
+        out.update(
+            {
+                "partitioner": "natural",
+                "synthetic_alpha": self.alpha,
+                "synthetic_beta": self.beta,
+                "synthetic_iid": self.iid,
+                "synthetic_min_samples": self.min_samples,
+                "synthetic_max_samples": self.max_samples,
+                "examples_per_client": _stats(sizes) | {"sampled_every": step},
+                "domain_means": None if self._domain_means is None else [list(m) for m in self._domain_means],
+            }
+        )
+        return out
+
+
+# --------------------------------------------------------------------------- builder
+def build_federated_data(
+    dataset: str = "digits",
+    num_clients: int = 100,
+    partitioner: str = "iid",
+    alpha: float = 0.5,
+    heldout_fraction: float = 0.1,
+    seed: int = 0,
+    domains: int | Sequence[float] | None = None,
+    **dataset_options: Any,
+) -> FederatedData:
+    """Build the federated population of an experiment.
+
+    Parameters
+    ----------
+    dataset : one of ``DATASETS``, or ``"hf:<repo id>"`` for a Hugging Face dataset (needs the Hub or
+        its local cache; offline it raises a ValueError that says so).
+    num_clients : total number of clients, held-out ones included.
+    partitioner : one of ``PARTITIONERS`` (ignored by ``synthetic``, which is naturally partitioned).
+    alpha : Dirichlet concentration (``partitioner="dirichlet"`` only).
+    heldout_fraction : fraction of clients in [0, 1) never trained on, drawn with ``seed`` per domain.
+    seed : non-negative integer; everything (partition, held-out set, shifts, synthetic data) follows from it.
+    domains : ``None`` (one domain), ``K`` (K equal blocks of client ids) or a list of fractions
+        summing to 1 (unequal blocks).
+    dataset_options : see ``DATASET_OPTIONS``; ``None`` values count as not given.
+        digits/mnist1d: ``num_samples`` (mnist1d, default 4000), ``domain_shift`` (default 0.5),
+        ``domain_noise`` (default 0.0), partitioner options ``min_partition_size``, ``self_balancing``
+        (dirichlet), ``num_classes_per_partition``, ``class_assignment_mode`` (pathological),
+        ``num_shards_per_partition``, ``shard_size``, ``keep_incomplete_shard`` (shard).
+        ``"hf:<repo id>"``: ``hub_split`` ("train"), ``hub_feature``, ``hub_label`` (guessed from the
+        column names) and the digits options.
+        synthetic: ``synthetic_alpha``, ``synthetic_beta`` (default 1.0), ``synthetic_iid`` (False),
+        ``synthetic_dim`` (60), ``synthetic_classes`` (10), ``synthetic_min_samples`` (50),
+        ``synthetic_max_samples`` (1000).
+    """
+    hub = isinstance(dataset, str) and dataset.startswith(HUB_PREFIX) and len(dataset) > len(HUB_PREFIX)
+    if not hub:
+        check_choice("dataset", dataset, DATASETS + (f"{HUB_PREFIX}<repo id>",))
+    kind = HUB_PREFIX if hub else dataset
+    options = {k: v for k, v in dataset_options.items() if v is not None}
+    for name, value in options.items():
+        if name not in DATASET_OPTIONS[kind]:
+            takes = ", ".join(DATASET_OPTIONS[kind])
+            raise invalid(name, value, f"no value: dataset={dataset!r} takes {takes}")
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    heldout_fraction = check_float("heldout_fraction", heldout_fraction, low=0.0, high=1.0, high_open=True)
+    seed = check_int("seed", seed, minimum=0)
+    sizes, requested = _domain_sizes(num_clients, domains)
+    if dataset != "synthetic":
+        check_choice("partitioner", partitioner, PARTITIONERS)
+
+    if dataset == "synthetic":
+        lo = check_int("synthetic_min_samples", options.get("synthetic_min_samples", 50), minimum=1)
+        hi = check_int("synthetic_max_samples", options.get("synthetic_max_samples", 1000), minimum=lo)
+        return SyntheticFederatedData(
+            num_clients=num_clients,
+            seed=seed,
+            heldout_fraction=heldout_fraction,
+            domain_sizes=sizes,
+            domains_requested=requested,
+            alpha=check_float("synthetic_alpha", options.get("synthetic_alpha", 1.0), low=0.0),
+            beta=check_float("synthetic_beta", options.get("synthetic_beta", 1.0), low=0.0),
+            iid=check_bool("synthetic_iid", options.get("synthetic_iid", False)),
+            dim=check_int("synthetic_dim", options.get("synthetic_dim", 60), minimum=1),
+            num_classes=check_int("synthetic_classes", options.get("synthetic_classes", 10), minimum=2),
+            min_samples=lo,
+            max_samples=hi,
+        )
+
+    dataset_settings: dict[str, Any] = {}
+    if hub:
+        split = options.get("hub_split", "train")
+        repo = dataset[len(HUB_PREFIX) :]
+        base = load_hub_arrays(repo, split, options.get("hub_feature"), options.get("hub_label"))
+        dataset_settings = {"hub_split": split}
+    elif dataset == "digits":
+        base = load_digits_arrays()
+    else:
+        n = check_int("num_samples", options.get("num_samples", MNIST1D_DEFAULT_SAMPLES), minimum=10)
+        base = make_mnist1d_arrays(n)
+        dataset_settings = {"num_samples": len(base)}
+    shift = check_float("domain_shift", options.get("domain_shift", DEFAULT_DOMAIN_SHIFT), low=0.0)
+    noise = check_float("domain_noise", options.get("domain_noise", DEFAULT_DOMAIN_NOISE), low=0.0)
+    part_opts = {k: v for k, v in options.items() if k in _PARTITION_OPTION_NAMES}
+    rows, settings = partition_rows(base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts)
+    return ArrayFederatedData(
+        base,
+        rows,
+        seed=seed,
+        heldout_fraction=heldout_fraction,
+        domain_sizes=sizes,
+        domains_requested=requested,
+        domain_shift=shift,
+        domain_noise=noise,
+        partition_settings=settings,
+        dataset_settings=dataset_settings,
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+def _domain_sizes(num_clients: int, domains: Any) -> tuple[tuple[int, ...], bool]:
+    """Block sizes of the domains (contiguous client ids), and whether domains were asked for."""
+    if domains is None:
+        return (num_clients,), False
+    if isinstance(domains, numbers.Integral) and not isinstance(domains, bool):
+        k = check_int("domains", domains, minimum=1, maximum=num_clients)
+        return tuple(int(len(b)) for b in np.array_split(np.arange(num_clients), k)), True
+    allowed = (
+        f"None, an integer in [1, num_clients={num_clients}], or a list of positive fractions summing to 1 "
+        "with at least one client per domain"
+    )
+    if isinstance(domains, (str, bytes)) or not isinstance(domains, Sequence) or len(domains) == 0:
+        raise invalid("domains", domains, allowed)
+    try:
+        fr = np.asarray([float(f) for f in domains])
+    except (TypeError, ValueError):
+        raise invalid("domains", domains, allowed) from None
+    if not np.all(np.isfinite(fr)) or np.any(fr <= 0) or abs(fr.sum() - 1.0) > 1e-6:
+        raise invalid("domains", list(domains), allowed)
+    sizes = _largest_remainder(fr / fr.sum() * num_clients, num_clients)
+    if np.any(sizes < 1):
+        raise invalid("domains", list(domains), allowed)
+    return tuple(int(s) for s in sizes), True
+
+
+def _largest_remainder(quotas: np.ndarray, total: int, caps: np.ndarray | None = None) -> np.ndarray:
+    """Integers summing to ``total``, each the floor of its quota or one more (capped by ``caps``)."""
+    base = np.floor(quotas).astype(np.int64)
+    if caps is not None:
+        base = np.minimum(base, caps)
+    rest = quotas - base
+    for i in np.argsort(-rest, kind="stable"):
+        if base.sum() >= total:
+            break
+        if caps is None or base[i] < caps[i]:
+            base[i] += 1
+    # with caps, any still-missing units go wherever room is left
+    for i in range(len(base)):
+        while base.sum() < total and (caps is None or base[i] < caps[i]):
+            base[i] += 1
+    return base
+
+
+def _allocate_heldout(fraction: float, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """How many held-out clients each domain gets: round(fraction * N) in all, proportional to size."""
+    n = int(sum(sizes))
+    total = int(math.floor(fraction * n + 0.5))
+    if fraction > 0:
+        total = max(total, 1)
+    caps = np.asarray(sizes, dtype=np.int64) - 1  # every domain keeps a training client
+    if total > caps.sum():
+        raise invalid(
+            "heldout_fraction",
+            fraction,
+            f"a fraction leaving at least one training client per domain ({n} clients, {len(sizes)} domains)",
+        )
+    sizes_arr = np.asarray(sizes, dtype=np.float64)
+    return tuple(int(k) for k in _largest_remainder(fraction * sizes_arr, total, caps))
+
+
+def _stats(sizes: np.ndarray) -> dict[str, float]:
+    sizes = np.asarray(sizes)
+    return {
+        "min": int(sizes.min()),
+        "median": float(np.median(sizes)),
+        "mean": float(sizes.mean()),
+        "max": int(sizes.max()),
+    }

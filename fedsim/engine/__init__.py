@@ -1,0 +1,1 @@
+"""Engines: the Ray-backed simulator, an in-process engine, and the runner."""

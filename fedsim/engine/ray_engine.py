@@ -1,0 +1,163 @@
+"""Engines that train a round's cohort: in-process (:class:`LocalEngine`) and on Ray actors (:class:`RayEngine`).
+
+Both expose the same two calls, used by :mod:`fedsim.engine.runner`:
+
+* ``train(plan, weights) -> (PartialSum, client_metrics)``: the cohort's clipped sum;
+* ``evaluate(client_ids, weights) -> rows``: per-client ``[client, n, loss_sum, correct]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from fedsim.privacy.aggregation import PartialSum
+
+from .trainer import ClientTrainer, TrainSettings, balance, initial_weights
+
+
+class LocalEngine:
+    """Everything in this process: no start-up cost; the reference the other engines must match."""
+
+    name = "local"
+
+    def __init__(self, data: Any, settings: TrainSettings, device: str | None = None) -> None:
+        self.data = data
+        self.trainer = ClientTrainer(data, settings, device=device)
+        self.dim = self.trainer.dim
+        self.num_workers = 1
+
+    def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
+        return self.trainer.train(plan.round, plan.cohort, weights, plan.clip, plan.noise_share_std)
+
+    def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return self.trainer.evaluate(client_ids, weights)
+
+    def close(self) -> None:
+        pass
+
+
+class _Worker:
+    """The Ray actor: one ClientTrainer per actor, on the GPU Ray gave it (if any)."""
+
+    def __init__(self, data: Any, settings: TrainSettings, num_threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, num_threads))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.trainer = ClientTrainer(data, settings, device=device)
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "device": str(self.trainer.device), "pid": os.getpid()}
+
+    def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float):
+        partial, metrics = self.trainer.train(server_round, client_ids, weights, clip, share)
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        for m in metrics:
+            m["node"] = node
+        return partial, metrics
+
+    def evaluate(self, client_ids: list[int], weights: np.ndarray) -> np.ndarray:
+        return self.trainer.evaluate(client_ids, weights)
+
+
+class RayEngine:
+    """A pool of Ray actors, each holding one model and the federated data.
+
+    ``num_workers`` actors of ``num_cpus`` CPUs and ``num_gpus`` (fractional allowed) GPUs each. The cohort is
+    balanced across actors (largest clients first); each returns one partial sum, so only partial sums and
+    per-client metrics cross process boundaries. ``address`` connects to an existing Ray cluster
+    (``"auto"`` or ``"ray://host:port"``); otherwise a local Ray instance is started with just the
+    resources the pool needs.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        data: Any,
+        settings: TrainSettings,
+        *,
+        num_workers: int = 2,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        address: str | None = None,
+    ) -> None:
+        import ray
+
+        self._owns_ray = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "logging_level": logging.ERROR,
+                "configure_logging": True,
+            }
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                need = max(1, int(np.ceil(num_workers * num_cpus)))
+                ray.init(num_cpus=need, num_gpus=None if num_gpus else 0, **kwargs)
+            self._owns_ray = True
+        total_gpus = ray.cluster_resources().get("GPU", 0.0)
+        if num_gpus > 0 and total_gpus < num_gpus:
+            raise ValueError(
+                f"engine.num_gpus_per_worker={num_gpus} but the Ray cluster has {total_gpus} GPUs; "
+                "set it to 0 on a machine without a GPU"
+            )
+        self.data = data
+        self.num_workers = num_workers
+        data_ref = ray.put(data)
+        actor = ray.remote(_Worker).options(num_cpus=num_cpus, num_gpus=num_gpus)
+        self.workers = [actor.remote(data_ref, settings, int(max(1, num_cpus))) for _ in range(num_workers)]
+        self.infos = ray.get([w.info.remote() for w in self.workers])
+        self.dim = int(initial_weights(settings, data.input_dim, data.num_classes).size)
+
+    def _shares(self, client_ids: np.ndarray) -> list[list[int]]:
+        sizes = np.array([self.data.num_examples(int(c)) for c in client_ids])
+        return balance(np.asarray(client_ids), sizes, self.num_workers)
+
+    def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
+        import ray
+
+        w32 = np.asarray(weights, dtype=np.float32)
+        futures = [
+            worker.train.remote(plan.round, share, w32, plan.clip, plan.noise_share_std)
+            for worker, share in zip(self.workers, self._shares(plan.cohort), strict=True)
+            if share
+        ]
+        total = PartialSum(self.dim)
+        metrics: list[dict[str, Any]] = []
+        for partial, m in ray.get(futures):
+            total.merge(partial)
+            metrics.extend(m)
+        return total, metrics
+
+    def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        import ray
+
+        w32 = np.asarray(weights, dtype=np.float32)
+        futures = [
+            worker.evaluate.remote(share, w32)
+            for worker, share in zip(self.workers, self._shares(client_ids), strict=True)
+            if share
+        ]
+        rows = [r for r in ray.get(futures) if len(r)]
+        return np.concatenate(rows) if rows else np.zeros((0, 4))
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+        if self._owns_ray:
+            ray.shutdown()

@@ -1,0 +1,219 @@
+"""Local training of clients: the code that runs inside every worker (Ray actor, Flower ClientApp, in-process).
+
+A :class:`ClientTrainer` keeps one model and the federated data, copies the global weights into the model in
+place, trains a list of clients one after the other (or together with ``torch.func`` when vectorised),
+clips each update with :func:`fedsim.privacy.aggregation.clip_update` and returns only a
+:class:`~fedsim.privacy.aggregation.PartialSum` plus per-client metrics.
+
+Client randomness (batch order, distributed noise shares) comes from ``(seed, round, client_id)``, so the
+result does not depend on which worker trains which client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.models import build_model
+from fedsim.privacy.aggregation import STREAM_CLIENT, STREAM_NOISE_SHARE, PartialSum, clip_update, make_rng
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a worker needs to train a client (plain values: cheap to ship to workers)."""
+
+    model: str
+    model_kwargs: dict[str, Any]
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    seed: int = 0
+    vectorize: bool = False
+
+    @classmethod
+    def from_scenario(cls, scenario: Any) -> TrainSettings:
+        kwargs: dict[str, Any] = {}
+        if scenario.model.name == "mlp":
+            kwargs["hidden"] = list(scenario.model.hidden)
+        return cls(
+            model=scenario.model.name,
+            model_kwargs=kwargs,
+            local_epochs=scenario.client.local_epochs,
+            batch_size=scenario.client.batch_size,
+            lr=scenario.client.lr,
+            optimizer=scenario.client.optimizer,
+            momentum=scenario.client.momentum,
+            seed=scenario.seed,
+            vectorize=scenario.engine.vectorize,
+        )
+
+
+def initial_weights(settings: TrainSettings, input_dim: int, num_classes: int) -> np.ndarray:
+    """The global model's starting point (float64 flat vector), a function of the seed only."""
+    torch.manual_seed(settings.seed)
+    model = build_model(settings.model, input_dim, num_classes, **settings.model_kwargs)
+    return nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy()
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class ClientTrainer:
+    """Trains and evaluates clients of one :class:`~fedsim.data.FederatedData` with one model."""
+
+    def __init__(self, data: Any, settings: TrainSettings, device: str | None = None, cache_clients: int = 20000):
+        self.data = data
+        self.settings = settings
+        self.device = pick_device(device)
+        torch.manual_seed(settings.seed)
+        self.model = build_model(settings.model, data.input_dim, data.num_classes, **settings.model_kwargs).to(
+            self.device
+        )
+        self.params = [p for p in self.model.parameters()]
+        self.dim = sum(p.numel() for p in self.params)
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = (
+            {} if data.num_clients <= cache_clients else None
+        )
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    # ------------------------------------------------------------------ helpers
+    def _tensors(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is not None and cid in self._cache:
+            return self._cache[cid]
+        x, y = self.data.client_data(int(cid))
+        t = (torch.as_tensor(x, dtype=torch.float32, device=self.device),
+             torch.as_tensor(y, dtype=torch.long, device=self.device))
+        if self._cache is not None:
+            self._cache[cid] = t
+        return t
+
+    def _load(self, weights: torch.Tensor) -> None:
+        # copy in place: vector_to_parameters would make the parameters *views* of ``weights``, and
+        # training would then write into the global model
+        with torch.no_grad():
+            i = 0
+            for p in self.params:
+                n = p.numel()
+                p.copy_(weights[i : i + n].view_as(p))
+                i += n
+
+    def _flat(self) -> torch.Tensor:
+        return nn.utils.parameters_to_vector(self.params).detach()
+
+    def _global(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(weights), dtype=torch.float32, device=self.device)
+
+    # ------------------------------------------------------------------ training
+    def train_one(self, cid: int, server_round: int, global_w: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Local training of one client from ``global_w``; returns (update, metrics)."""
+        s = self.settings
+        self._load(global_w)
+        x, y = self._tensors(cid)
+        n = int(y.shape[0])
+        gen = torch.Generator().manual_seed(
+            int(make_rng(s.seed, server_round, STREAM_CLIENT, cid).integers(2**62))
+        )
+        opt = torch.optim.SGD(self.params, lr=s.lr, momentum=s.momentum if s.optimizer == "momentum" else 0.0)
+        loss_sum, steps = 0.0, 0
+        self.model.train()
+        for _ in range(s.local_epochs):
+            order = torch.randperm(n, generator=gen).to(self.device)
+            for start in range(0, n, s.batch_size):
+                idx = order[start : start + s.batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss = self.loss_fn(self.model(x[idx]), y[idx])
+                loss.backward()
+                opt.step()
+                loss_sum += float(loss.detach())
+                steps += 1
+        update = self._flat() - global_w
+        return update, {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1)}
+
+    def train(
+        self,
+        server_round: int,
+        client_ids: list[int] | np.ndarray,
+        weights: np.ndarray,
+        clip: float,
+        noise_share_std: float = 0.0,
+    ) -> tuple[PartialSum, list[dict[str, Any]]]:
+        """Train ``client_ids`` from ``weights``; return the sum of their clipped updates and their metrics.
+
+        With ``noise_share_std > 0`` (distributed noise) each client clips its update and adds its own
+        Gaussian share before the update leaves the client; the partial sum then holds noised updates.
+        """
+        global_w = self._global(weights)
+        partial = PartialSum(self.dim)
+        metrics: list[dict[str, Any]] = []
+        if self.settings.vectorize and len(client_ids) > 1:
+            from .vectorized import train_vectorized
+
+            results = train_vectorized(self, server_round, [int(c) for c in client_ids], global_w)
+        else:
+            results = (self.train_one(int(c), server_round, global_w) for c in client_ids)
+        for update, m in results:
+            if noise_share_std > 0:
+                clipped, norm, finite = clip_update(update.double(), clip)
+                if finite:
+                    share = make_rng(self.settings.seed, server_round, STREAM_NOISE_SHARE, m["client"]).normal(
+                        0.0, noise_share_std, size=self.dim
+                    )
+                    partial.add(clipped.cpu().numpy() + share, clip, already_clipped_and_noised=True)
+                    partial.unclipped += int(norm <= clip)
+                    partial.norms.append(norm)
+                else:
+                    partial.reject()
+            else:
+                norm = partial.add(update, clip)
+            m["update_norm"] = norm
+            metrics.append(m)
+        return partial, metrics
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, client_ids: list[int] | np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per client: ``[client, num_examples, loss_sum, correct]`` (float64 array, one row per client)."""
+        self._load(self._global(weights))
+        self.model.eval()
+        rows = np.zeros((len(client_ids), 4))
+        for i, cid in enumerate(client_ids):
+            x, y = self._tensors(int(cid))
+            if y.shape[0] == 0:
+                rows[i] = (cid, 0, 0.0, 0.0)
+                continue
+            logits = self.model(x)
+            loss = nn.functional.cross_entropy(logits, y, reduction="sum")
+            correct = (logits.argmax(1) == y).sum()
+            rows[i] = (cid, y.shape[0], float(loss), float(correct))
+        return rows
+
+
+def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> list[list[int]]:
+    """Largest clients first, each to the least loaded worker (LPT scheduling)."""
+    loads = [0] * workers
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    for i in np.argsort(-sizes, kind="stable"):
+        w = int(np.argmin(loads))
+        shares[w].append(int(client_ids[i]))
+        loads[w] += int(sizes[i]) + 1
+    return shares
+
+
+def client_means(rows: np.ndarray) -> dict[str, float]:
+    """Client-level means (each client weighs the same: the unit of privacy and of generalization)."""
+    rows = rows[rows[:, 1] > 0]
+    if rows.size == 0:
+        return {"loss": math.nan, "accuracy": math.nan, "clients": 0}
+    loss = rows[:, 2] / rows[:, 1]
+    acc = rows[:, 3] / rows[:, 1]
+    return {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "clients": int(rows.shape[0])}

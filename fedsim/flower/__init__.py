@@ -1,0 +1,1 @@
+"""Flower ServerApp and ClientApp (`flwr run .`)."""

@@ -1,0 +1,234 @@
+"""The one implementation of the private round: sample, clip, sum, noise.
+
+Every engine (the Ray engine, the in-process engine, Flower's Simulation Engine, a deployed SuperLink)
+goes through these functions; the strategies in :mod:`fedsim.strategies` only decide *when* to call them.
+
+Conventions (``shared/reference/privacy-formulas.md`` section 1):
+
+* an update is a flat vector (all of the model's tensors concatenated);
+* ``clip``: flat L2 clipping to norm ``clip``; a zero norm is fine; a non-finite update is *rejected*
+  (it contributes zero and is counted), never clipped into the sum;
+* the Gaussian noise on the **sum** has std ``noise_multiplier * clip``;
+* the aggregate is divided by the **expected** cohort size, never the realised count (the realised count
+  is data-dependent and would leak).
+
+Randomness: every stream comes from its own generator seeded by ``(seed, round, stream[, client])``, never
+from Python's or NumPy's global generators, so results do not depend on call order or worker count.
+With ``seed=None`` the generators are seeded from the operating system's entropy (use that outside
+simulation: seeded noise is reproducible, which is the point of a simulator and the opposite of what a
+deployment wants).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Stream identifiers: independent generators for independent purposes.
+STREAM_SAMPLING = 1
+STREAM_NOISE = 2
+STREAM_CLIENT = 3
+STREAM_COUNT_NOISE = 4
+STREAM_LOSS_NOISE = 5
+STREAM_NOISE_SHARE = 6
+
+SAMPLINGS = ("poisson", "fixed", "all")
+NOISE_PLACEMENTS = ("central", "distributed")
+
+
+def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> np.random.Generator:
+    """A generator owned by one purpose: ``(seed, round, stream, *extra)`` -> independent stream."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([int(seed), int(round_), int(stream), *(int(e) for e in extra)])
+
+
+def sample_cohort(
+    client_ids: np.ndarray | list[int],
+    sampling: str,
+    rng: np.random.Generator,
+    *,
+    sampling_rate: float | None = None,
+    clients_per_round: int | None = None,
+) -> np.ndarray:
+    """Draw one round's cohort from ``client_ids`` (order-independent: ids are sorted first).
+
+    ``poisson``: each client independently with probability ``sampling_rate`` (may be empty);
+    ``fixed``: exactly ``clients_per_round`` clients uniformly without replacement; ``all``: everyone.
+    """
+    ids = np.sort(np.asarray(client_ids, dtype=np.int64))
+    if sampling == "poisson":
+        if sampling_rate is None or not 0.0 < sampling_rate <= 1.0:
+            raise ValueError(f"poisson sampling needs sampling_rate in (0, 1], got {sampling_rate!r}")
+        return ids[rng.random(ids.size) < sampling_rate]
+    if sampling == "fixed":
+        if clients_per_round is None or not 1 <= clients_per_round <= ids.size:
+            raise ValueError(
+                f"fixed sampling needs 1 <= clients_per_round <= population ({ids.size}), "
+                f"got {clients_per_round!r}"
+            )
+        return np.sort(rng.choice(ids, size=int(clients_per_round), replace=False))
+    if sampling == "all":
+        return ids
+    raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def clip_update(update: Any, clip: float) -> tuple[Any, float, bool]:
+    """Flat-L2 clip one update (a 1-D numpy array or torch tensor).
+
+    Returns ``(clipped, norm_before_clipping, finite)``. A non-finite update returns ``(zeros, nan, False)``:
+    the caller must count it and must not let it reach the model.
+    """
+    if _is_torch(update):
+        import torch
+
+        finite = bool(torch.isfinite(update).all())
+        if not finite:
+            return torch.zeros_like(update), math.nan, False
+        norm = float(torch.linalg.vector_norm(update.double()))
+    else:
+        update = np.asarray(update)
+        finite = bool(np.isfinite(update).all())
+        if not finite:
+            return np.zeros_like(update), math.nan, False
+        norm = float(np.linalg.norm(update.astype(np.float64, copy=False)))
+    if norm > clip:
+        return update * (clip / norm), norm, True
+    return update, norm, True
+
+
+@dataclass
+class PartialSum:
+    """A sum of clipped client updates, mergeable across workers (only this crosses process boundaries).
+
+    ``count``: clients whose clipped update is in ``total``; ``rejected``: clients whose update was dropped
+    (non-finite, wrong shape or dtype, error reply) and contributes zero; ``unclipped``: clients whose update
+    norm was <= the clip (the bits of adaptive clipping); ``noise_shares``: distributed-noise shares included.
+    """
+
+    dim: int
+    total: np.ndarray = field(default=None)  # type: ignore[assignment]
+    count: int = 0
+    rejected: int = 0
+    unclipped: int = 0
+    noise_shares: int = 0
+    norms: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.total is None:
+            self.total = np.zeros(self.dim, dtype=np.float64)
+
+    def add(self, update: Any, clip: float, *, already_clipped_and_noised: bool = False) -> float:
+        """Clip ``update`` and add it. Returns the norm before clipping (nan when rejected).
+
+        ``already_clipped_and_noised`` is for distributed noise: the client clipped its update and added its
+        noise share; clipping again here would shrink the noise, so the update is only checked to be finite.
+        """
+        if _is_torch(update):
+            update = update.detach().to("cpu", copy=False).double().numpy()
+        update = np.asarray(update)
+        if update.shape != (self.dim,):
+            self.reject()
+            return math.nan
+        if already_clipped_and_noised:
+            if not np.isfinite(update).all():
+                self.reject()
+                return math.nan
+            self.total += update
+            self.count += 1
+            self.noise_shares += 1
+            return math.nan
+        clipped, norm, finite = clip_update(update, clip)
+        if not finite:
+            self.reject()
+            return math.nan
+        self.total += clipped
+        self.count += 1
+        self.unclipped += int(norm <= clip)
+        self.norms.append(norm)
+        return norm
+
+    def reject(self, n: int = 1) -> None:
+        self.rejected += n
+
+    def merge(self, other: PartialSum) -> PartialSum:
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge partial sums of dimension {self.dim} and {other.dim}")
+        self.total += other.total
+        self.count += other.count
+        self.rejected += other.rejected
+        self.unclipped += other.unclipped
+        self.noise_shares += other.noise_shares
+        self.norms.extend(other.norms)
+        return self
+
+
+def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    return rng.normal(0.0, std, size=dim) if std > 0 else np.zeros(dim)
+
+
+def noise_share_std(noise_multiplier: float, clip: float, cohort_size: int) -> float:
+    """Distributed noise: the std each of ``cohort_size`` sampled clients adds so the shares sum to
+    ``N(0, (z*clip)^2)``. The server tops up the shares of clients that did not reply (see
+    :func:`private_mean`), so the total never falls below the accounted noise."""
+    return noise_multiplier * clip / math.sqrt(cohort_size) if cohort_size > 0 else 0.0
+
+
+def private_mean(
+    partial: PartialSum,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    expected_cohort: float,
+    rng: np.random.Generator,
+    noise_placement: str = "central",
+    cohort_size: int = 0,
+) -> tuple[np.ndarray, float]:
+    """``(sum of clipped updates + N(0, (z*clip)^2 I)) / expected_cohort``.
+
+    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each of the
+    ``cohort_size`` sampled clients already added a share of variance ``(z*clip)^2/cohort_size``; the server
+    adds the missing shares of the clients whose reply did not arrive or was rejected (and all of it for an
+    empty cohort), so the total noise variance is ``(z*clip)^2`` in every case.
+    """
+    if expected_cohort <= 0:
+        raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
+    full_var = (noise_multiplier * clip) ** 2
+    if noise_placement == "central":
+        server_var = full_var
+    elif noise_placement == "distributed":
+        if cohort_size <= 0:
+            server_var = full_var
+        else:
+            missing = max(cohort_size - partial.noise_shares, 0)
+            server_var = full_var * missing / cohort_size
+    else:
+        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}")
+    std = math.sqrt(server_var)
+    noised = partial.total + gaussian_noise(partial.dim, std, rng)
+    return noised / expected_cohort, std
+
+
+def flatten(arrays: list[np.ndarray]) -> np.ndarray:
+    """Concatenate arrays into one float64 vector (the flat norm is taken over it)."""
+    if not arrays:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+
+def unflatten(vec: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+    out, i = [], 0
+    for a in like:
+        n = int(np.prod(a.shape))
+        out.append(vec[i : i + n].reshape(a.shape).astype(a.dtype, copy=False))
+        i += n
+    if i != vec.size:
+        raise ValueError(f"vector of size {vec.size} does not match arrays of total size {i}")
+    return out

@@ -1,0 +1,292 @@
+"""Generalization to unseen clients from client-level DP: Theorem 1 of He, Wang and Tao.
+
+Losses in [0, 1]; the "examples" are clients and the population size ``N`` is the number of
+clients. Statement: ``P(|Gen| > a) < b``.
+
+UAI version (Theorem 1 with Lemma 1's explicit constants)::
+
+    eps <= 1/5:  a = 4 eps,                  b = 2 e^{-1.7 eps} delta / eps * ln(2/eps)
+    eps >  1/5:  a = 1.2 (1 - 0.9 e^{-eps}), b = 18 e^{-eps} delta / (1 - 0.9 e^{-eps}) * ln(220 / (1 - 0.9 e^{-eps}))
+    precondition (Lemma 1):
+      N >= max( 2/(0.077 eps^2) ln(43 / (254 e^{-1.7 eps} delta)),
+                200 / ln(0.9 (1 - 0.9 e^{-eps})) * ln(9 e^{-eps} delta / 48180) )
+
+arXiv version (Theorem 1): if ``N >= 2/eps^2 ln(16 / (e^{-eps} delta))`` then
+``P(|Gen| < 9 eps) > 1 - e^{-eps} delta / eps ln(2/eps)``, i.e. ``a = 9 eps``,
+``b = e^{-eps} delta / eps ln(2/eps)``.
+
+An (eps, delta)-DP algorithm is also (eps2, delta)-DP for every eps2 >= eps, so the per-round
+statement uses the admissible ``eps2 >= eps`` (precondition holds at the population size) with the
+smallest ``a`` (in the UAI version ``a`` drops from 0.8 to 0.316 just above eps = 1/5, so that
+point is a candidate too). Status: ``ok``; ``no-statement`` (no admissible eps2: the population is too
+small, or eps is not finite); ``vacuous`` (a >= 1 or b >= 1 for every admissible eps2).
+``n_min`` is the smallest population at which the statement for this (eps, delta) would be ``ok``
+(None if it never is, e.g. ``eps`` so large that ``a >= 1``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy.optimize import brentq
+
+from .errors import PrivacyInputError
+
+__all__ = [
+    "VERSIONS",
+    "theorem1_ab",
+    "precondition_n",
+    "generalization_statement",
+    "corollary3_curve",
+    "min_population",
+    "statement_curve",
+]
+
+VERSIONS = ("uai", "arxiv")
+_EPS_MAX = 50.0
+
+
+def _check_version(version: str) -> str:
+    if version not in VERSIONS:
+        raise PrivacyInputError("version", version, f"must be one of {', '.join(VERSIONS)}")
+    return version
+
+
+def theorem1_ab(eps, delta, version: str = "uai"):
+    """(a, b) of Theorem 1 at (eps, delta) (vectorised)."""
+    _check_version(version)
+    eps = np.asarray(eps, dtype=float)
+    delta = np.asarray(delta, dtype=float)
+    with np.errstate(all="ignore"):
+        if version == "arxiv":
+            a = 9.0 * eps
+            b = np.exp(-eps) * delta / eps * np.log(2.0 / eps)
+            return a, b
+        g = 1.0 - 0.9 * np.exp(-eps)
+        small = eps <= 0.2
+        a = np.where(small, 4.0 * eps, 1.2 * g)
+        b = np.where(
+            small,
+            2.0 * np.exp(-1.7 * eps) * delta / eps * np.log(2.0 / eps),
+            18.0 * np.exp(-eps) * delta / g * np.log(220.0 / g),
+        )
+    return a, b
+
+
+def precondition_n(eps, delta, version: str = "uai"):
+    """Smallest population allowed by the precondition at (eps, delta) (real-valued, vectorised)."""
+    _check_version(version)
+    eps = np.asarray(eps, dtype=float)
+    delta = np.asarray(delta, dtype=float)
+    with np.errstate(all="ignore"):
+        if version == "arxiv":
+            return 2.0 / eps ** 2 * np.log(16.0 / (np.exp(-eps) * delta))
+        t1 = 2.0 / (0.077 * eps ** 2) * np.log(43.0 / (254.0 * np.exp(-1.7 * eps) * delta))
+        t2 = 200.0 / np.log(0.9 * (1.0 - 0.9 * np.exp(-eps))) * np.log(9.0 * np.exp(-eps) * delta / 48180.0)
+        return np.maximum(t1, t2)
+
+
+@functools.lru_cache(maxsize=4096)
+def _admissible_interval(population: float, delta: float, version: str) -> tuple[float, float] | None:
+    """[lo, hi] of eps with precondition_n(eps) <= population, or None (quasi-convex in eps)."""
+    N = float(population)
+
+    def f(e):
+        return float(precondition_n(e, delta, version)) - N
+
+    if version == "arxiv":  # decreasing in eps
+        if f(_EPS_MAX) > 0:
+            return None
+        lo_e = 1e-12
+        if f(lo_e) <= 0:
+            return (lo_e, _EPS_MAX)
+        return (brentq(f, lo_e, _EPS_MAX, xtol=1e-14, rtol=1e-13) * (1 + 1e-12), _EPS_MAX)
+    # UAI: t1 decreasing, t2 increasing: the max is smallest where they cross
+    def t_diff(e):
+        e = np.asarray(e, dtype=float)
+        t1 = 2.0 / (0.077 * e ** 2) * np.log(43.0 / (254.0 * np.exp(-1.7 * e) * delta))
+        t2 = 200.0 / np.log(0.9 * (1.0 - 0.9 * np.exp(-e))) * np.log(9.0 * np.exp(-e) * delta / 48180.0)
+        return float(t1 - t2)
+
+    e_cross = brentq(t_diff, 1e-6, _EPS_MAX, xtol=1e-14, rtol=1e-13)
+    if f(e_cross) > 0:
+        return None
+    lo = brentq(f, 1e-9, e_cross, xtol=1e-15, rtol=1e-14) if f(1e-9) > 0 else 1e-9
+    hi = brentq(f, e_cross, 1e4, xtol=1e-15, rtol=1e-14) if f(1e4) > 0 else 1e4
+    # nudge inside (brentq tolerance) and confirm
+    lo2, hi2 = lo * (1 + 1e-10), hi * (1 - 1e-10)
+    if f(lo2) > 0 or f(hi2) > 0 or lo2 > hi2:
+        return None
+    return (lo2, hi2)
+
+
+def _validate(eps, delta, population):
+    try:
+        e = float(eps)
+    except (TypeError, ValueError):
+        raise PrivacyInputError("epsilon", eps, "must be a number >= 0 (inf or NaN give no statement)") from None
+    if e < 0:
+        raise PrivacyInputError("epsilon", eps, "must be >= 0")
+    try:
+        d = float(delta)
+    except (TypeError, ValueError):
+        raise PrivacyInputError("delta", delta, "must be in (0, 1)") from None
+    if not (0 < d < 1):
+        raise PrivacyInputError("delta", delta, "must be in (0, 1)")
+    if isinstance(population, bool) or not isinstance(population, (int, np.integer)) or population < 1:
+        raise PrivacyInputError("population", population, "must be an integer >= 1")
+    return e, d, int(population)
+
+
+def _n_min(eps: float, delta: float, version: str) -> int | None:
+    """Smallest population at which some eps2 >= eps gives a non-vacuous statement."""
+    if not math.isfinite(eps):
+        return None
+    start = max(eps, 1e-9)
+    if start >= _EPS_MAX:
+        return None
+    grid = np.unique(np.concatenate([[start], np.geomspace(start, _EPS_MAX, 4000)]))
+    if version == "uai" and start <= 0.2:
+        grid = np.unique(np.concatenate([grid, [0.2, np.nextafter(0.2, 1.0)]]))
+    a, b = theorem1_ab(grid, delta, version)
+    n = precondition_n(grid, delta, version)
+    ok = (a < 1) & (b < 1) & (b >= 0) & np.isfinite(n)
+    if not ok.any():
+        return None
+    if version == "uai":
+        # the exact minimiser of the quasi-convex precondition (crossing of its two terms) if reachable
+        cand = n[ok]
+        best = float(np.min(cand))
+        try:
+            iv = None
+            lo, hi = 1.0, float(best)
+            # refine: smallest integer N with a non-empty admissible interval above eps and ok statement
+            while hi - lo > 1:
+                mid = math.floor((lo + hi) / 2)
+                st = _statement(eps, delta, mid, version)
+                if st["status"] == "ok":
+                    hi = mid
+                else:
+                    lo = mid
+            iv = hi
+            if _statement(eps, delta, int(iv), version)["status"] == "ok":
+                return int(iv)
+        except ValueError:
+            pass
+        return int(math.ceil(best))
+    return int(math.ceil(float(np.min(n[ok]))))
+
+
+def _statement(eps: float, delta: float, population: int, version: str) -> dict:
+    base = dict(status="no-statement", a=None, b=None, eps_used=None, version=version,
+                epsilon=eps, delta=delta, population=population)
+    if not math.isfinite(eps):
+        return base
+    iv = _admissible_interval(float(population), delta, version)
+    if iv is None:
+        return base
+    lo, hi = iv
+    s = max(eps, lo)
+    if s > hi:
+        return base
+    cands = [s]
+    if version == "uai" and s <= 0.2 < hi:
+        cands.append(float(np.nextafter(0.2, 1.0)))
+    # a few more admissible points in case b is vacuous at the smallest-a candidate
+    cands += list(np.geomspace(s, min(hi, _EPS_MAX), 64)[1:])
+    c = np.asarray(cands)
+    a, b = theorem1_ab(c, delta, version)
+    ok = (a < 1) & (b < 1) & (b >= 0)
+    if ok.any():
+        idx = np.flatnonzero(ok)
+        i = idx[np.lexsort((b[idx], a[idx]))[0]]
+        return dict(base, status="ok", a=float(a[i]), b=float(b[i]), eps_used=float(c[i]))
+    i = int(np.argmin(a))
+    return dict(base, status="vacuous", a=float(a[i]), b=float(b[i]), eps_used=float(c[i]))
+
+
+def generalization_statement(epsilon, delta, population, version: str = "uai") -> dict:
+    """Per-round generalization statement from the certified (epsilon, delta) at population size.
+
+    Returns ``dict(status, a, b, eps_used, n_min, version, epsilon, delta, population)``; see the
+    module docstring. ``a``, ``b``, ``eps_used`` are None when ``status == "no-statement"``.
+    """
+    _check_version(version)
+    eps, d, n = _validate(epsilon if epsilon == epsilon else math.inf, delta, population)
+    st = _statement(eps, d, n, version)
+    st["n_min"] = _n_min(eps, d, version)
+    return st
+
+
+def statement_curve(epsilons, delta, population, version: str = "uai") -> list[dict]:
+    """Statements for a whole epsilon curve (one dict per round)."""
+    return [generalization_statement(e, delta, population, version) for e in np.asarray(epsilons, dtype=float)]
+
+
+def corollary3_curve(populations, delta=None, version: str = "uai") -> dict:
+    """Corollary 3: the best statement available at population C (privacy cost eps -> 0).
+
+    For each C, the smallest admissible eps (the precondition at N = C) and the resulting a, b, with
+    ``delta = 1/C^2`` unless given (the corollary's ``delta = O~(1/C^2)``). ``a`` decays as
+    O~(1/sqrt(C)) and ``b`` as O~(C^-3/2). Returns arrays ``C, delta, eps_min, a, b, status``.
+    """
+    _check_version(version)
+    C = np.asarray(populations, dtype=int).ravel()
+    if C.size == 0 or (C < 1).any():
+        raise PrivacyInputError("populations", populations, "must be integers >= 1")
+    out = dict(C=C, delta=np.empty(C.size), eps_min=np.full(C.size, np.nan), a=np.full(C.size, np.nan),
+               b=np.full(C.size, np.nan), status=np.empty(C.size, dtype=object))
+    for i, c in enumerate(C):
+        d = float(delta) if delta is not None else 1.0 / float(c) ** 2
+        if not (0 < d < 1):
+            d = min(max(d, 1e-300), 0.5)
+        out["delta"][i] = d
+        st = _statement(0.0, d, int(c), version)
+        out["status"][i] = st["status"]
+        if st["status"] != "no-statement":
+            out["eps_min"][i] = st["eps_used"]
+            out["a"][i] = st["a"]
+            out["b"][i] = st["b"]
+    return out
+
+
+def min_population(mechanism, rounds: int, delta: float, method: str = "pld", version: str = "uai",
+                   max_population: int = 10 ** 9) -> int | None:
+    """Smallest population at which the statement after ``rounds`` rounds of ``mechanism`` is ``ok``.
+
+    The mechanism keeps its sampling rate if it was given as a rate (or is "all"), or its clients per
+    round if given as a count (then a larger population also lowers epsilon through q = tau/N).
+    Returns None if no population up to ``max_population`` suffices.
+    """
+    from .accountants import compute_curve
+
+    def mech_at(n: int):
+        return mechanism.replace(population=n) if mechanism.sampling_rate is not None or mechanism.sampling == "all" \
+            else mechanism.replace(population=n, clients_per_round=mechanism.clients_per_round)
+
+    def eps_at(n: int) -> float:
+        return float(compute_curve(mech_at(n), rounds, delta, method).epsilon[-1])
+
+    def ok(n: int) -> bool:
+        return generalization_statement(eps_at(n), delta, n, version)["status"] == "ok"
+
+    lo = max(1, int(mechanism.clients_per_round or 1)) if mechanism.sampling == "fixed" else 1
+    if mechanism.sampling_rate is not None or mechanism.sampling == "all":
+        nm = generalization_statement(eps_at(mechanism.population), delta, mechanism.population, version)["n_min"]
+        if nm is None or nm > max_population:
+            return None
+        return max(nm, lo)
+    if not ok(max_population):
+        return None
+    hi = max_population
+    if ok(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,281 @@
+"""What one federated round releases, as a frozen, validated description.
+
+Conventions (see ``shared/reference/privacy-formulas.md``):
+
+* Each sampled client's update is clipped to L2 norm ``clip``; the server adds Gaussian noise of
+  std ``noise_multiplier * clip`` to the **sum** of clipped updates (``noise_std``) and divides by
+  the expected cohort size (``expected_cohort``), never by the realised count.
+* The neighbouring relation follows the sampling scheme: Poisson sampling and "everyone" are
+  accounted under add/remove-one-client (L2 sensitivity of the sum = ``clip``); fixed-size sampling
+  without replacement under replace-one-client (L2 sensitivity of the sum = the diameter of one
+  client's contribution, ``2*clip`` by default; the papers' ``D``).
+* Non-model releases (e.g. adaptive clipping's noised count of 0/1 bits, or per-domain loss sums
+  in agnostic FL) are described by the same class: ``clip`` is the bound on one client's
+  contribution (1 for a bit or a loss in [0, 1]) and ``diameter`` the largest change when one
+  client's contribution is replaced (1 for a bit or a loss in [0, 1]; default ``2*clip``, which is
+  right for a vector in an L2 ball). Under add/remove the sensitivity is ``clip``; under
+  replace-one it is ``diameter``.
+* ``noise_placement="distributed"`` (each sampled client adds a share of the noise) is accounted
+  exactly like central noise of std ``noise_multiplier * clip``. That assumes honest clients and
+  shares whose variances add up to ``(noise_multiplier*clip)^2`` for the cohort actually sampled
+  (share variance ``(z*clip)^2/k`` with ``k`` the realised cohort size); see :attr:`caveats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .errors import PrivacyInputError
+
+__all__ = ["Mechanism", "SAMPLINGS", "NOISE_PLACEMENTS", "compose_same_cohort"]
+
+SAMPLINGS = ("poisson", "fixed", "all")
+NOISE_PLACEMENTS = ("central", "distributed")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _positive_finite(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyInputError(name, value, "must be a positive finite number") from None
+    if isinstance(value, bool) or not math.isfinite(v) or v <= 0:
+        raise PrivacyInputError(name, value, "must be a positive finite number")
+    return v
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One round's release: sampling, clipping and Gaussian noise on the sum of clipped updates.
+
+    Exactly one of ``sampling_rate`` and ``clients_per_round`` is given for ``poisson`` (the rate
+    ``q``, or the expected cohort ``q*population``) and for ``fixed`` (the cohort size ``tau``, or
+    ``tau/population``, which must then be a whole number of clients); neither for ``all`` (a value
+    consistent with everyone, rate 1 or ``clients_per_round == population``, is accepted).
+    """
+
+    population: int
+    sampling: str = "poisson"
+    sampling_rate: float | None = None
+    clients_per_round: int | None = None
+    clip: float = 1.0
+    noise_multiplier: float = 1.0
+    noise_placement: str = "central"
+    diameter: float | None = None
+
+    # ------------------------------------------------------------------ validation
+    def __post_init__(self) -> None:
+        if not _is_int(self.population) or self.population < 1:
+            raise PrivacyInputError("population", self.population, "must be an integer >= 1")
+        if self.sampling not in SAMPLINGS:
+            raise PrivacyInputError("sampling", self.sampling, f"must be one of {', '.join(SAMPLINGS)}")
+        if self.noise_placement not in NOISE_PLACEMENTS:
+            raise PrivacyInputError(
+                "noise_placement", self.noise_placement, f"must be one of {', '.join(NOISE_PLACEMENTS)}"
+            )
+        object.__setattr__(self, "clip", _positive_finite("clip", self.clip))
+        object.__setattr__(
+            self, "noise_multiplier", _positive_finite("noise_multiplier", self.noise_multiplier)
+        )
+        if self.diameter is not None:
+            d = _positive_finite("diameter", self.diameter)
+            if d > 2 * self.clip * (1 + 1e-12):
+                raise PrivacyInputError(
+                    "diameter", self.diameter, f"must be in (0, 2*clip] = (0, {2 * self.clip:g}]"
+                )
+            object.__setattr__(self, "diameter", d)
+
+        rate, cpr, n = self.sampling_rate, self.clients_per_round, self.population
+        if rate is not None:
+            try:
+                rate_f = float(rate)
+            except (TypeError, ValueError):
+                raise PrivacyInputError("sampling_rate", rate, "must be a number in (0, 1]") from None
+            if isinstance(rate, bool) or not math.isfinite(rate_f) or not (0.0 < rate_f <= 1.0):
+                raise PrivacyInputError("sampling_rate", rate, "must be in (0, 1]")
+            object.__setattr__(self, "sampling_rate", rate_f)
+        if cpr is not None:
+            if isinstance(cpr, float) and cpr.is_integer():
+                cpr = int(cpr)
+                object.__setattr__(self, "clients_per_round", cpr)
+            if not _is_int(cpr) or not (1 <= cpr <= n):
+                raise PrivacyInputError(
+                    "clients_per_round", self.clients_per_round, f"must be an integer in [1, population={n}]"
+                )
+
+        if self.sampling in ("poisson", "fixed"):
+            if (rate is None) == (cpr is None):
+                raise PrivacyInputError(
+                    "sampling_rate/clients_per_round",
+                    (rate, cpr),
+                    f"give exactly one of the two for sampling={self.sampling!r}",
+                )
+            if self.sampling == "fixed" and rate is not None:
+                tau = self.sampling_rate * n
+                if abs(tau - round(tau)) > 1e-9 * max(1.0, tau) or round(tau) < 1:
+                    raise PrivacyInputError(
+                        "sampling_rate",
+                        rate,
+                        f"for fixed-size sampling rate*population must be a whole number of clients >= 1 "
+                        f"(got {tau:g}); give clients_per_round instead",
+                    )
+        else:  # all
+            if rate is not None and self.sampling_rate != 1.0:
+                raise PrivacyInputError("sampling_rate", rate, "must be omitted (or 1) for sampling='all'")
+            if cpr is not None and cpr != n:
+                raise PrivacyInputError(
+                    "clients_per_round", cpr, f"must be omitted (or equal population={n}) for sampling='all'"
+                )
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def q(self) -> float:
+        """Sampling probability: the rate (poisson), ``tau/population`` (fixed), 1 (all)."""
+        if self.sampling == "all":
+            return 1.0
+        if self.sampling_rate is not None:
+            return self.sampling_rate
+        return self.clients_per_round / self.population
+
+    @property
+    def tau(self) -> float:
+        """Clients per round: ``tau`` (fixed), ``population`` (all), ``q*population`` (poisson)."""
+        if self.sampling == "fixed":
+            if self.clients_per_round is not None:
+                return self.clients_per_round
+            return int(round(self.sampling_rate * self.population))
+        if self.sampling == "all":
+            return self.population
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        return self.sampling_rate * self.population
+
+    @property
+    def expected_cohort(self) -> float:
+        """The aggregate's denominator: ``q*population`` (poisson), ``tau`` (fixed), ``population`` (all)."""
+        return self.tau
+
+    @property
+    def neighbouring(self) -> str:
+        """``"add-remove"`` (poisson, all) or ``"replace-one"`` (fixed)."""
+        return "replace-one" if self.sampling == "fixed" else "add-remove"
+
+    @property
+    def replace_sensitivity(self) -> float:
+        """L2 change of the sum when one client's contribution is replaced (``diameter``, default 2*clip)."""
+        return self.diameter if self.diameter is not None else 2.0 * self.clip
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the SUM under :attr:`neighbouring`: ``clip`` or the diameter (2*clip)."""
+        return self.replace_sensitivity if self.neighbouring == "replace-one" else self.clip
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the Gaussian added to the sum of clipped updates: ``noise_multiplier * clip``."""
+        return self.noise_multiplier * self.clip
+
+    @property
+    def normalized_noise(self) -> float:
+        """Noise std divided by :attr:`sensitivity`: dp-accounting's noise multiplier for the event."""
+        return self.noise_std / self.sensitivity
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        out = []
+        if self.noise_placement == "distributed":
+            out.append(
+                "distributed noise is accounted as central noise of std noise_multiplier*clip: assumes honest "
+                "clients whose share variances add up to (noise_multiplier*clip)^2 for the realised cohort"
+            )
+        return tuple(out)
+
+    def sampling_key(self) -> tuple:
+        """Identifies the cohort draw: releases with the same key in one round share the sampled cohort."""
+        return (self.sampling, self.population, round(self.q, 15), self.neighbouring)
+
+    # ------------------------------------------------------------------ conversions
+    def to_dp_event(self):
+        """The dp-accounting event of ONE round.
+
+        * poisson: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add/remove, sensitivity clip);
+        * fixed: ``SampledWithoutReplacementDpEvent(population, tau, GaussianDpEvent(z*clip/D))``
+          (replace-one; dp-accounting's noise multiplier is relative to the replace-one sensitivity
+          ``D = 2*clip``: with ``tau = population`` it is the Gaussian mechanism with sensitivity
+          ``2*clip``, which the test suite checks against the exact Gaussian);
+        * all: ``GaussianDpEvent(z)``.
+        """
+        from dp_accounting import dp_event
+
+        g = dp_event.GaussianDpEvent(self.normalized_noise)
+        if self.sampling == "poisson":
+            return dp_event.PoissonSampledDpEvent(self.q, g)
+        if self.sampling == "fixed":
+            return dp_event.SampledWithoutReplacementDpEvent(self.population, int(self.tau), g)
+        return g
+
+    def igmm_params(self) -> dict:
+        """The papers' parameters: ``N``, ``tau``, ``sigma = z*clip/tau`` (noise on the average), ``D``."""
+        tau = self.tau
+        return dict(
+            N=self.population,
+            tau=tau,
+            sigma=self.noise_multiplier * self.clip / tau,
+            D=self.replace_sensitivity,
+        )
+
+    def replace(self, **changes) -> "Mechanism":
+        """A new validated mechanism with some fields changed (e.g. the clip of adaptive clipping).
+
+        Changing ``sampling_rate`` clears ``clients_per_round`` and vice versa, unless both are given.
+        """
+        if "sampling_rate" in changes and "clients_per_round" not in changes:
+            changes["clients_per_round"] = None
+        if "clients_per_round" in changes and "sampling_rate" not in changes:
+            changes["sampling_rate"] = None
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Mechanism":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields
+        if unknown:
+            raise PrivacyInputError("mechanism", sorted(unknown), f"unknown fields; allowed: {sorted(fields)}")
+        return cls(**d)
+
+
+def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:
+    """Several Gaussian releases computed on the SAME sampled cohort, as one equivalent mechanism.
+
+    With independent noise, releases with normalised noise multipliers ``z_i`` (noise std over
+    sensitivity) are jointly one Gaussian mechanism with
+    ``z_eff = (sum_i z_i^-2)^(-1/2)`` (scale each coordinate block by 1/std_i: the L2 sensitivity of
+    the concatenation is ``sqrt(sum_i (Delta_i/s_i)^2)``). Composing before sampling is exact for the
+    worst case and much tighter than composing the sampled releases separately. The result keeps the
+    first mechanism's clip and diameter and carries ``z_eff`` relative to them.
+    """
+    mechs = list(mechanisms)
+    if not mechs:
+        raise PrivacyInputError("mechanisms", mechs, "need at least one release")
+    key = mechs[0].sampling_key()
+    for m in mechs[1:]:
+        if m.sampling_key() != key:
+            raise PrivacyInputError(
+                "mechanisms", m.sampling_key(), f"releases composed on one cohort must share sampling {key}"
+            )
+    if len(mechs) == 1:
+        return mechs[0]
+    z_eff = sum(m.normalized_noise ** -2 for m in mechs) ** -0.5
+    first = mechs[0]
+    # noise_multiplier such that noise_std / sensitivity == z_eff for the first mechanism's geometry
+    z = z_eff * first.sensitivity / first.clip
+    return dataclasses.replace(first, noise_multiplier=z)

@@ -1,0 +1,1 @@
+"""Run directories, per-round rows and summaries."""

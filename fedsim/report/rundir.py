@@ -1,0 +1,73 @@
+"""The run directory: resolved config, one JSON row per round, the ledger, the summary.
+
+Rows are appended and flushed as each round ends, so an interrupted run keeps every finished round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN/inf (written as null) and with numpy scalars as Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") -> Path:
+    """``out`` if given (it must not already hold a run), else a fresh ``runs/<timestamp>-<name>``."""
+    if out is not None:
+        path = Path(out)
+        if (path / "metrics.jsonl").exists():
+            raise ValueError(f"--out {path} already holds a run (metrics.jsonl); choose another folder")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{stamp}-{name}"
+    path, i = base, 1
+    while path.exists():
+        path = base.with_name(f"{base.name}-{i}")
+        i += 1
+    path.mkdir(parents=True)
+    return path
+
+
+class RunWriter:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        target = self.path / name
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+        tmp.replace(target)
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.path / name
+        target.write_text(text)
+        return target
+
+    def append_row(self, row: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(_clean(row)) + "\n")
+        self._metrics.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    with open(Path(path) / "metrics.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

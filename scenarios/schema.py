@@ -1,0 +1,118 @@
+"""The scenario schema: every value a run depends on, validated by pydantic.
+
+A scenario is a TOML file whose top-level keys and tables mirror :class:`Scenario`. Unknown keys are
+rejected (a typo must never silently fall back to a default, least of all a privacy parameter).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    dataset: Literal["digits", "mnist1d", "synthetic"] = "digits"
+    num_clients: int = Field(100, ge=2, description="clients in the population, held-out ones included")
+    partitioner: Literal["iid", "dirichlet", "pathological", "shard"] = "dirichlet"
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
+    classes_per_client: int = Field(2, ge=1, description="pathological partitioner: labels per client")
+    shards_per_client: int = Field(2, ge=1, description="shard partitioner: shards per client")
+    heldout_fraction: float = Field(0.1, ge=0, lt=1, description="clients never trained on (unseen clients)")
+    domains: list[float] | int | None = Field(
+        None, description="agnostic FL: number of equal domains, or the fraction of clients in each"
+    )
+    num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
+    synthetic_alpha: float = Field(1.0, ge=0)
+    synthetic_beta: float = Field(1.0, ge=0)
+
+
+class ModelConfig(_Section):
+    name: Literal["mlp", "logreg", "cnn1d"] = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [100])
+
+
+class ClientConfig(_Section):
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(0.1, gt=0)
+    optimizer: Literal["sgd", "momentum"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1)
+
+
+class PrivacyConfig(_Section):
+    sampling: Literal["poisson", "fixed", "all"] = "poisson"
+    sampling_rate: float | None = Field(None, gt=0, le=1, description="poisson: inclusion probability q")
+    clients_per_round: int | None = Field(
+        None, ge=1, description="fixed: cohort size; poisson: expected cohort size (q = this / population)"
+    )
+    clip: float = Field(1.0, gt=0)
+    noise_multiplier: float = Field(1.0, gt=0, description="noise std on the sum = noise_multiplier * clip")
+    noise_placement: Literal["central", "distributed"] = "central"
+    delta: float = Field(1e-5, gt=0, lt=1)
+    accountant: Literal["pld", "rdp"] = "pld"
+    max_epsilon: float | None = Field(None, gt=0, description="stop before a round that would exceed it")
+    adaptive_clip: bool = False
+    target_quantile: float = Field(0.5, gt=0, lt=1)
+    clip_lr: float = Field(0.2, gt=0, description="adaptive clipping: geometric step size eta_C")
+    count_noise_multiplier: float | None = Field(
+        None, gt=0, description="adaptive clipping: noise std of the clipped-count release (default: clients/20)"
+    )
+
+    @model_validator(mode="after")
+    def _cohort(self) -> PrivacyConfig:
+        if self.sampling == "all" and (self.sampling_rate is not None or self.clients_per_round is not None):
+            raise ValueError("privacy.sampling='all' takes neither sampling_rate nor clients_per_round")
+        if self.sampling == "fixed" and self.clients_per_round is None:
+            raise ValueError("privacy.sampling='fixed' needs privacy.clients_per_round (an integer >= 1)")
+        if self.sampling == "fixed" and self.sampling_rate is not None:
+            raise ValueError("privacy.sampling='fixed' takes clients_per_round, not sampling_rate")
+        if self.sampling == "poisson":
+            if (self.sampling_rate is None) == (self.clients_per_round is None):
+                raise ValueError(
+                    "privacy.sampling='poisson' needs exactly one of sampling_rate (in (0, 1]) or "
+                    "clients_per_round (expected cohort size)"
+                )
+        return self
+
+
+class ServerConfig(_Section):
+    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    lr: float = Field(1.0, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.99, gt=0, lt=1)
+    eps: float = Field(1e-3, gt=0, description="adam: denominator term (FedAdam's tau)")
+
+
+class AgnosticConfig(_Section):
+    enabled: bool = False
+    lambda_lr: float = Field(0.1, gt=0, description="projected gradient ascent step on the mixture weights")
+    loss_noise_multiplier: float = Field(1.0, gt=0, description="noise on the per-domain loss sums")
+
+
+class EngineConfig(_Section):
+    name: Literal["ray", "flower", "local"] = "ray"
+    num_workers: int = Field(2, ge=1)
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+    ray_address: str | None = Field(None, description="connect to an existing Ray cluster (e.g. 'auto')")
+    vectorize: bool = Field(False, description="train a worker's clients together with torch.func (small models)")
+    eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
+
+
+class Scenario(_Section):
+    name: str = "unnamed"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(30, ge=1)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    agnostic: AgnosticConfig = Field(default_factory=AgnosticConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -1,0 +1,10 @@
+"""Flower strategies with client-level differential privacy (installed as ``fedsim.strategies``).
+
+They subclass :class:`flwr.serverapp.strategy.Strategy`, so any Flower ServerApp can ``start()`` them;
+fedsim's engines drive the same objects through ``begin_round`` / ``finish_round``.
+"""
+
+from .dpfedavg import AdaptiveClipping, BudgetExhausted, DPFedAvg, RoundPlan
+from .server_opt import SERVER_OPTIMIZERS, ServerOptimizer
+
+__all__ = ["AdaptiveClipping", "BudgetExhausted", "DPFedAvg", "RoundPlan", "SERVER_OPTIMIZERS", "ServerOptimizer"]

@@ -1,0 +1,421 @@
+"""DP-FedAvg with client-level differential privacy, as a Flower Message-API strategy.
+
+One round (``shared/DESIGN.md``): sample the cohort from the strategy's own seeded generator, broadcast,
+clip each client's update to flat L2 norm ``clip``, add Gaussian noise of std ``noise_multiplier * clip``
+to the sum (centrally, or as per-client shares), divide by the *expected* cohort size, apply the server
+optimizer, and record the round's mechanism in the ledger.
+
+The same object serves two callers:
+
+* Flower (``strategy.start(grid=...)`` in any ServerApp): :meth:`configure_train` / :meth:`aggregate_train`;
+* fedsim's engines, which train the cohort themselves and hand back a :class:`PartialSum`:
+  :meth:`begin_round` / :meth:`finish_round`.
+
+Both paths run the same code for sampling, clipping, noise and accounting (:mod:`fedsim.privacy`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsim.privacy import Ledger, Mechanism
+from fedsim.privacy.aggregation import (
+    NOISE_PLACEMENTS,
+    SAMPLINGS,
+    STREAM_COUNT_NOISE,
+    STREAM_NOISE,
+    STREAM_SAMPLING,
+    PartialSum,
+    flatten,
+    make_rng,
+    noise_share_std,
+    private_mean,
+    sample_cohort,
+    unflatten,
+)
+
+from .server_opt import ServerOptimizer
+
+# Keys of the ConfigRecord sent to clients and of the MetricRecord they may return.
+CFG_ROUND = "server-round"
+CFG_CLIP = "fedsim.clip"
+CFG_NOISE_STD = "fedsim.noise-share-std"
+CFG_NOISE_SEED = "fedsim.noise-seed"
+MET_UNCLIPPED = "fedsim.unclipped"
+
+
+class BudgetExhausted(RuntimeError):
+    """Raised before a round whose release would take the certified epsilon above ``max_epsilon``."""
+
+
+@dataclass(frozen=True)
+class AdaptiveClipping:
+    """Adaptive clipping of Andrew, Thakkar, McMahan and Ramaswamy (NeurIPS 2021).
+
+    After each round the clip moves geometrically toward the ``target_quantile`` of the *unclipped* update
+    norms: ``clip <- clip * exp(-learning_rate * (b - target_quantile))`` where ``b`` is the noised fraction
+    of cohort clients whose update norm was <= the clip:
+    ``b = (sum_i 1[|Delta_i| <= clip] + N(0, count_noise_multiplier^2)) / expected_cohort``.
+    The count is a release of its own (sensitivity 1 under add/remove) and is recorded in the ledger beside
+    the model release. ``count_noise_multiplier`` defaults to ``expected_cohort / 20`` (the paper's choice).
+    """
+
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+    count_noise_multiplier: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target_quantile < 1.0:
+            raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"adaptive clipping learning_rate must be > 0, got {self.learning_rate}")
+        if self.count_noise_multiplier is not None and self.count_noise_multiplier <= 0:
+            raise ValueError(f"count_noise_multiplier must be > 0, got {self.count_noise_multiplier}")
+
+
+@dataclass
+class RoundPlan:
+    """What the server decided before a round: who trains, with which clip and which noise share."""
+
+    round: int
+    cohort: np.ndarray
+    population: int
+    clip: float
+    mechanism: Mechanism
+    noise_share_std: float = 0.0
+    releases: list[tuple[str, Mechanism]] = field(default_factory=list)
+
+
+class DPFedAvg(Strategy):
+    """Federated averaging with client-level (epsilon, delta)-DP.
+
+    Parameters
+    ----------
+    sampling : ``"poisson"`` (each client independently with probability q; add/remove neighbours),
+        ``"fixed"`` (exactly ``clients_per_round`` clients without replacement; replace-one neighbours) or
+        ``"all"``.
+    sampling_rate, clients_per_round : the cohort (Poisson takes either; fixed takes clients_per_round).
+    clip : L2 bound on one client's update (flat norm over all arrays). With adaptive clipping, the start.
+    noise_multiplier : z; the noise on the sum has std ``z * clip``.
+    noise_placement : ``"central"`` (the server adds the noise) or ``"distributed"`` (each sampled client
+        clips and adds a share ``N(0, (z*clip)^2 / cohort_size)``; the server tops up missing shares).
+        The total noise and the accounting are the same.
+    adaptive_clipping : :class:`AdaptiveClipping` or None for a fixed clip.
+    server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
+    delta, accountant, max_epsilon : the certified epsilon is computed at ``delta`` with ``accountant``
+        (``"pld"`` or ``"rdp"``); a round whose release would exceed ``max_epsilon`` is not run.
+    seed : seeds the sampling and noise generators (None: operating-system entropy; use that when deploying).
+    population : number of clients the mechanism is defined over. Default: the number of connected nodes
+        (Flower) or of training clients (fedsim engines).
+    fraction_evaluate : fraction of nodes asked for federated evaluation. Client evaluation metrics are
+        *not* privatised nor accounted; keep 0 (the default) when they would leave the trust boundary.
+    """
+
+    def __init__(
+        self,
+        *,
+        sampling: str = "poisson",
+        sampling_rate: float | None = None,
+        clients_per_round: int | None = None,
+        clip: float = 1.0,
+        noise_multiplier: float = 1.0,
+        noise_placement: str = "central",
+        adaptive_clipping: AdaptiveClipping | None = None,
+        server_optimizer: ServerOptimizer | None = None,
+        delta: float = 1e-5,
+        accountant: str = "pld",
+        max_epsilon: float | None = None,
+        seed: int | None = None,
+        population: int | None = None,
+        fraction_evaluate: float = 0.0,
+        ledger: Ledger | None = None,
+    ) -> None:
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
+        if noise_placement not in NOISE_PLACEMENTS:
+            raise ValueError(
+                f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}"
+            )
+        if not math.isfinite(clip) or clip <= 0:
+            raise ValueError(f"clip must be a finite number > 0, got {clip}")
+        if not math.isfinite(noise_multiplier) or noise_multiplier <= 0:
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        if accountant not in ("pld", "rdp"):
+            raise ValueError(f"accountant must be 'pld' or 'rdp' (certified), got {accountant!r}")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        self.sampling = sampling
+        self.sampling_rate = sampling_rate
+        self.clients_per_round = clients_per_round
+        self.clip = float(clip)
+        self.noise_multiplier = float(noise_multiplier)
+        self.noise_placement = noise_placement
+        self.adaptive_clipping = adaptive_clipping
+        self.server_optimizer = server_optimizer or ServerOptimizer("sgd", lr=1.0)
+        self.delta = delta
+        self.accountant = accountant
+        self.max_epsilon = max_epsilon
+        self.seed = seed
+        self.population = population
+        self.fraction_evaluate = fraction_evaluate
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.history: list[dict[str, Any]] = []
+        self.stopped_reason: str | None = None
+        self._pending: tuple[RoundPlan, ArrayRecord] | None = None
+        # Validate the cohort arguments now, against a nominal population, so errors surface at construction.
+        if population is not None:
+            self.mechanism(population)
+
+    # ------------------------------------------------------------------ the mechanism
+    def mechanism(self, population: int, clip: float | None = None) -> Mechanism:
+        """The round's mechanism over ``population`` clients (``clip``: the clip applied this round)."""
+        kwargs: dict[str, Any] = {}
+        if self.sampling == "poisson":
+            if self.sampling_rate is not None:
+                kwargs["sampling_rate"] = self.sampling_rate
+            else:
+                kwargs["clients_per_round"] = self.clients_per_round
+        elif self.sampling == "fixed":
+            kwargs["clients_per_round"] = self.clients_per_round
+        return Mechanism(
+            population=int(population),
+            sampling=self.sampling,
+            clip=float(self.clip if clip is None else clip),
+            noise_multiplier=self.noise_multiplier,
+            noise_placement=self.noise_placement,
+            **kwargs,
+        )
+
+    def _count_mechanism(self, model: Mechanism) -> Mechanism:
+        assert self.adaptive_clipping is not None
+        return model.replace(clip=1.0, noise_multiplier=self._count_noise_multiplier(model))
+
+    def _count_noise_multiplier(self, model: Mechanism) -> float:
+        assert self.adaptive_clipping is not None
+        z_b = self.adaptive_clipping.count_noise_multiplier
+        return float(z_b) if z_b is not None else model.expected_cohort / 20.0
+
+    def epsilon(self) -> float:
+        """Certified epsilon (at ``self.delta``) of every release so far."""
+        return float(self.ledger.epsilon(delta=self.delta, method=self.accountant)) if len(self.ledger) else 0.0
+
+    # ------------------------------------------------------------------ engine-facing API
+    def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
+        """Check the budget, sample the cohort and fix the round's clip. Raises :class:`BudgetExhausted`."""
+        ids = np.sort(np.fromiter((int(c) for c in client_ids), dtype=np.int64))
+        population = int(self.population or ids.size)
+        if ids.size == 0:
+            raise ValueError("no clients are available to sample from")
+        model = self.mechanism(population)
+        releases = [("model", model)]
+        if self.adaptive_clipping is not None:
+            releases.append(("clip-count", self._count_mechanism(model)))
+        if self.max_epsilon is not None:
+            if self.ledger.would_exceed(
+                model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases]
+            ):
+                raise BudgetExhausted(
+                    f"stopping before round {server_round}: releasing it would take the certified epsilon "
+                    f"above max_epsilon={self.max_epsilon} at delta={self.delta} ({self.accountant}); "
+                    f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
+                )
+        rng = make_rng(self.seed, server_round, STREAM_SAMPLING)
+        cohort = sample_cohort(
+            ids, self.sampling, rng, sampling_rate=model.q if self.sampling == "poisson" else None,
+            clients_per_round=self.clients_per_round,
+        )
+        share = (
+            noise_share_std(self.noise_multiplier, self.clip, cohort.size)
+            if self.noise_placement == "distributed"
+            else 0.0
+        )
+        return RoundPlan(server_round, cohort, population, self.clip, model, share, releases)
+
+    def finish_round(
+        self, plan: RoundPlan, weights: np.ndarray, partial: PartialSum, missing: int = 0
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Noise, average, apply the server optimizer, adapt the clip, record the releases.
+
+        ``weights``: the flat global model the cohort trained from; ``partial``: the clipped sum of the
+        replies; ``missing``: sampled clients whose reply never arrived (counted as rejected, zero update).
+        """
+        partial.reject(missing)
+        model = plan.mechanism
+        mean, server_std = private_mean(
+            partial,
+            clip=plan.clip,
+            noise_multiplier=self.noise_multiplier,
+            expected_cohort=model.expected_cohort,
+            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
+            noise_placement=self.noise_placement,
+            cohort_size=int(plan.cohort.size),
+        )
+        new_weights = self.server_optimizer.step(weights, mean)
+        metrics: dict[str, Any] = {
+            "round": plan.round,
+            "cohort": int(plan.cohort.size),
+            "received": int(partial.count),
+            "rejected": int(partial.rejected),
+            "clip": plan.clip,
+            "noise_std_sum": self.noise_multiplier * plan.clip,
+            "server_noise_std": server_std,
+            "update_norm": float(np.linalg.norm(mean)),
+        }
+        if partial.norms:
+            norms = np.asarray(partial.norms)
+            metrics["clipped_fraction"] = float(np.mean(norms > plan.clip))
+            metrics["median_update_norm"] = float(np.median(norms))
+        for name, mech in plan.releases:
+            self.ledger.record(round=plan.round, mechanism=mech, name=name)
+        if self.adaptive_clipping is not None:
+            ac = self.adaptive_clipping
+            z_b = self._count_noise_multiplier(model)
+            noisy = partial.unclipped + make_rng(self.seed, plan.round, STREAM_COUNT_NOISE).normal(0.0, z_b)
+            frac = noisy / model.expected_cohort
+            self.clip = float(plan.clip * math.exp(-ac.learning_rate * (frac - ac.target_quantile)))
+            metrics["unclipped_fraction_noised"] = float(frac)
+            metrics["next_clip"] = self.clip
+        metrics["epsilon"] = self.epsilon()
+        self.history.append(metrics)
+        return new_weights, metrics
+
+    # ------------------------------------------------------------------ Flower Message API
+    def summary(self) -> None:
+        log(INFO, "\t├── DPFedAvg (client-level DP)")
+        log(INFO, "\t│\t├── sampling: %s (rate=%s, clients_per_round=%s)", self.sampling,
+            self.sampling_rate, self.clients_per_round)
+        log(INFO, "\t│\t├── clip: %s%s, noise multiplier: %s, noise: %s", self.clip,
+            " (adaptive)" if self.adaptive_clipping else "", self.noise_multiplier, self.noise_placement)
+        log(INFO, "\t│\t└── accountant: %s at delta=%s, max_epsilon=%s", self.accountant, self.delta,
+            self.max_epsilon)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._pending = None
+        if self.stopped_reason is not None:
+            return []
+        try:
+            plan = self.begin_round(server_round, grid.get_node_ids())
+        except BudgetExhausted as exc:
+            self.stopped_reason = str(exc)
+            log(WARNING, "%s", exc)
+            return []
+        self._pending = (plan, arrays)
+        config = ConfigRecord(dict(config))
+        config[CFG_ROUND] = server_round
+        config[CFG_CLIP] = float(plan.clip)
+        if self.noise_placement == "distributed":
+            config[CFG_NOISE_STD] = float(plan.noise_share_std)
+        log(INFO, "configure_train: sampled %d of %d nodes (%s)", plan.cohort.size, plan.population, self.sampling)
+        record = RecordDict({"arrays": arrays, "config": config})
+        return [
+            Message(content=record, message_type=MessageType.TRAIN, dst_node_id=int(node))
+            for node in plan.cohort
+        ]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self._pending is None:  # stopped by the budget: nothing released, the model stays as it is
+            return None, None
+        plan, global_arrays = self._pending
+        self._pending = None
+        keys = list(global_arrays.keys())
+        global_list = global_arrays.to_numpy_ndarrays()
+        weights = flatten(global_list)
+        partial = PartialSum(weights.size)
+        distributed = self.noise_placement == "distributed"
+        received = 0
+        for msg in replies:
+            received += 1
+            update = _reply_update(msg, keys, global_list)
+            if update is None:
+                partial.reject()
+                continue
+            vec = update - weights
+            if distributed:
+                partial.add(vec, plan.clip, already_clipped_and_noised=True)
+                partial.unclipped += _reply_unclipped_bit(msg)
+            else:
+                partial.add(vec, plan.clip)
+        new_weights, metrics = self.finish_round(
+            plan, weights, partial, missing=max(int(plan.cohort.size) - received, 0)
+        )
+        new_arrays = ArrayRecord(
+            array_dict={k: _array(a) for k, a in zip(keys, unflatten(new_weights, global_list), strict=True)}
+        )
+        return new_arrays, MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_evaluate == 0.0:
+            return []
+        nodes = np.sort(np.fromiter((int(n) for n in grid.get_node_ids()), dtype=np.int64))
+        k = max(1, int(round(self.fraction_evaluate * nodes.size)))
+        rng = make_rng(self.seed, server_round, STREAM_SAMPLING, 1)
+        chosen = np.sort(rng.choice(nodes, size=min(k, nodes.size), replace=False))
+        config = ConfigRecord(dict(config))
+        config[CFG_ROUND] = server_round
+        record = RecordDict({"arrays": arrays, "config": config})
+        return [Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=int(n)) for n in chosen]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        totals: dict[str, float] = {}
+        weight = 0.0
+        for msg in replies:
+            if msg.has_error() or not msg.content.metric_records:
+                continue
+            rec = next(iter(msg.content.metric_records.values()))
+            n = float(rec.get("num-examples", 1.0))
+            weight += n
+            for k, v in rec.items():
+                if k != "num-examples" and isinstance(v, int | float):
+                    totals[k] = totals.get(k, 0.0) + n * float(v)
+        if weight == 0:
+            return None
+        return MetricRecord({k: v / weight for k, v in totals.items()} | {"num-examples": weight})
+
+
+def _array(a: np.ndarray):
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(a))
+
+
+def _reply_update(msg: Message, keys: list[str], like: list[np.ndarray]) -> np.ndarray | None:
+    """The flat model in a reply, or None if the reply is an error or does not match the global model."""
+    if msg.has_error():
+        return None
+    records = list(msg.content.array_records.values())
+    if len(records) != 1:
+        return None
+    rec = records[0]
+    if list(rec.keys()) != keys:
+        return None
+    try:
+        arrays = rec.to_numpy_ndarrays()
+    except Exception:  # undecodable payload
+        return None
+    for got, want in zip(arrays, like, strict=True):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return None
+    return flatten(arrays)
+
+
+def _reply_unclipped_bit(msg: Message) -> int:
+    for rec in msg.content.metric_records.values():
+        if MET_UNCLIPPED in rec:
+            return int(bool(rec[MET_UNCLIPPED]))
+    return 0

@@ -1,0 +1,149 @@
+"""The one private round: sampling, clipping, noise (fedsim.privacy.aggregation)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedsim.privacy.aggregation import (
+    PartialSum,
+    clip_update,
+    flatten,
+    make_rng,
+    noise_share_std,
+    private_mean,
+    sample_cohort,
+    unflatten,
+)
+
+
+def test_poisson_inclusion_frequencies_chi_square():
+    ids = np.arange(50)
+    q, trials = 0.2, 4000
+    counts = np.zeros(ids.size)
+    for t in range(trials):
+        counts[sample_cohort(ids, "poisson", make_rng(7, t, 1), sampling_rate=q)] += 1
+    # each client is included Binomial(trials, q) times; chi-square on (included, excluded) per client
+    expected_in, expected_out = trials * q, trials * (1 - q)
+    chi2 = np.sum((counts - expected_in) ** 2 / expected_in + (counts - expected_in) ** 2 / expected_out)
+    p = stats.chi2.sf(chi2, df=ids.size)
+    assert p > 1e-3, (chi2, p)
+    # cohort sizes are Binomial(50, q): mean 10
+    sizes = [sample_cohort(ids, "poisson", make_rng(8, t, 1), sampling_rate=q).size for t in range(2000)]
+    assert abs(np.mean(sizes) - ids.size * q) < 0.3
+    assert min(sizes) < 6 and max(sizes) > 14  # it really varies
+
+
+def test_poisson_can_be_empty_and_fixed_is_exact():
+    ids = np.arange(30)
+    empties = sum(sample_cohort(ids, "poisson", make_rng(0, t, 1), sampling_rate=0.02).size == 0 for t in range(200))
+    assert empties > 50  # (0.98)^30 = 0.55
+    for t in range(100):
+        c = sample_cohort(ids, "fixed", make_rng(0, t, 1), clients_per_round=7)
+        assert c.size == 7 and np.unique(c).size == 7 and set(c) <= set(ids)
+    assert np.array_equal(sample_cohort(ids, "all", make_rng(0, 0, 1)), ids)
+
+
+def test_sampling_uses_its_own_generator_not_the_global_one():
+    ids = np.arange(100)
+    a = sample_cohort(ids, "poisson", make_rng(3, 5, 1), sampling_rate=0.3)
+    np.random.seed(123)
+    _ = np.random.random(1000)
+    b = sample_cohort(ids[::-1], "poisson", make_rng(3, 5, 1), sampling_rate=0.3)  # order-independent too
+    assert np.array_equal(a, b)
+
+
+def test_sampling_errors_name_the_value():
+    with pytest.raises(ValueError, match="sampling_rate in \\(0, 1\\]"):
+        sample_cohort(np.arange(5), "poisson", make_rng(0, 0, 1), sampling_rate=1.5)
+    with pytest.raises(ValueError, match="clients_per_round <= population"):
+        sample_cohort(np.arange(5), "fixed", make_rng(0, 0, 1), clients_per_round=6)
+    with pytest.raises(ValueError, match="poisson, fixed, all"):
+        sample_cohort(np.arange(5), "uniform", make_rng(0, 0, 1))
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_clip_flat_l2(as_torch):
+    v = np.array([3.0, 4.0, 0.0, 12.0])  # norm 13
+    x = torch.tensor(v) if as_torch else v
+    clipped, norm, ok = clip_update(x, 1.0)
+    assert ok and norm == pytest.approx(13.0)
+    assert float(np.linalg.norm(np.asarray(clipped))) == pytest.approx(1.0)
+    small, norm, ok = clip_update(x * 0.01, 1.0)
+    assert np.allclose(np.asarray(small), v * 0.01)
+    zero, norm, ok = clip_update(x * 0, 1.0)
+    assert ok and norm == 0.0 and not np.any(np.asarray(zero))
+
+
+def test_non_finite_update_is_rejected_and_counted():
+    p = PartialSum(3)
+    p.add(np.array([1.0, 0.0, 0.0]), clip=1.0)
+    assert math.isnan(p.add(np.array([np.nan, 0.0, 0.0]), clip=1.0))
+    assert math.isnan(p.add(np.array([np.inf, 0.0, 0.0]), clip=1.0))
+    assert math.isnan(p.add(np.array([1.0, 0.0]), clip=1.0))  # wrong shape
+    assert p.count == 1 and p.rejected == 3
+    assert np.array_equal(p.total, [1.0, 0.0, 0.0])
+
+
+def test_partial_sums_merge_to_the_whole():
+    rng = np.random.default_rng(0)
+    ups = rng.normal(size=(10, 5)) * 3
+    whole = PartialSum(5)
+    for u in ups:
+        whole.add(u, 1.0)
+    a, b = PartialSum(5), PartialSum(5)
+    for u in ups[:4]:
+        a.add(u, 1.0)
+    for u in ups[4:]:
+        b.add(u, 1.0)
+    a.merge(b)
+    assert np.allclose(a.total, whole.total) and a.count == whole.count == 10
+
+
+def test_noise_std_measured_over_many_draws():
+    dim, z, clip, m = 200_000, 1.3, 0.7, 10.0
+    p = PartialSum(dim)
+    mean, std = private_mean(p, clip=clip, noise_multiplier=z, expected_cohort=m, rng=make_rng(1, 1, 2))
+    assert std == pytest.approx(z * clip)
+    # noise on the mean is N(0, (z*clip/m)^2); with 2e5 draws the sample std is within 1%
+    assert np.std(mean) == pytest.approx(z * clip / m, rel=0.01)
+    assert abs(np.mean(mean)) < 5 * z * clip / m / math.sqrt(dim)
+
+
+def test_divides_by_expected_not_realised_cohort():
+    p = PartialSum(2)
+    p.add(np.array([1.0, 0.0]), 1.0)
+    p.add(np.array([1.0, 0.0]), 1.0)
+    mean, _ = private_mean(p, clip=1.0, noise_multiplier=1e-12, expected_cohort=8.0, rng=make_rng(0, 0, 2))
+    assert mean[0] == pytest.approx(2.0 / 8.0)
+
+
+def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares():
+    dim, z, clip, n = 100_000, 1.0, 1.0, 4
+    share = noise_share_std(z, clip, n)
+    assert share**2 * n == pytest.approx((z * clip) ** 2)
+    rng = np.random.default_rng(0)
+    full = PartialSum(dim)
+    for _ in range(n):
+        full.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
+    _, server_std = private_mean(full, clip=clip, noise_multiplier=z, expected_cohort=n, rng=make_rng(0, 0, 2),
+                                 noise_placement="distributed", cohort_size=n)
+    assert server_std == 0.0
+    assert np.std(full.total) == pytest.approx(z * clip, rel=0.02)
+    half = PartialSum(dim)
+    for _ in range(n // 2):
+        half.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
+    mean, server_std = private_mean(half, clip=clip, noise_multiplier=z, expected_cohort=n,
+                                    rng=make_rng(0, 0, 2), noise_placement="distributed", cohort_size=n)
+    assert server_std == pytest.approx(z * clip * math.sqrt(0.5))
+    assert np.std(mean * n) == pytest.approx(z * clip, rel=0.02)
+
+
+def test_flatten_roundtrip():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, dtype=np.float32)]
+    back = unflatten(flatten(arrays), arrays)
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(arrays, back))
+    with pytest.raises(ValueError):
+        unflatten(np.zeros(5), arrays)
