@@ -222,7 +222,7 @@ class DPFedAvg(Strategy):
             releases.append(("clip-count", self._count_mechanism(model)))
         if self.max_epsilon is not None:
             if self.ledger.would_exceed(
-                model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases]
+                model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases[1:]]
             ):
                 raise BudgetExhausted(
                     f"stopping before round {server_round}: releasing it would take the certified epsilon "

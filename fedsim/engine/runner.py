@@ -138,6 +138,7 @@ def run_scenario(
 ) -> RunResult:
     """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round."""
     t0 = time.perf_counter()
+    run_dir = new_run_dir(scenario.name, out, runs_root) if write else None  # refuse a used --out first
     data = build_data(scenario)
     settings = TrainSettings.from_scenario(scenario)
     train_ids = np.asarray(data.train_clients)
@@ -148,7 +149,6 @@ def run_scenario(
     delta, rounds = scenario.privacy.delta, scenario.rounds
     bounds = _paper_bounds(strategy, population, rounds, delta)
 
-    run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
     writer = RunWriter(run_dir) if run_dir else None
     if writer:
         writer.write_text("config.toml", scenario_to_toml(scenario))

@@ -9,10 +9,15 @@ syntax as ``fedsim run --set``).
 Node config (``flwr run`` simulation sets ``partition-id`` and ``num-partitions``; a deployed SuperNode is
 started with ``--node-config "partition-id=3 num-partitions=90"``): ``partition-id`` selects which training
 client of the scenario this node is.
+
+``flwr.simulation.run_simulation`` hands the apps an *empty* run config. When the run config has no
+``scenario``, the environment variables ``FEDSIM_SCENARIO`` and ``FEDSIM_OVERRIDES`` are used instead (Ray
+workers inherit the driver's environment), then the defaults (``quickstart``, no overrides).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from functools import lru_cache
 from typing import Any
@@ -22,12 +27,25 @@ import numpy as np
 from fedsim.privacy.aggregation import unflatten
 
 
+ENV_SCENARIO = "FEDSIM_SCENARIO"
+ENV_OVERRIDES = "FEDSIM_OVERRIDES"
+DEFAULT_SCENARIO = "quickstart"
+
+
+def scenario_source(run_config: dict[str, Any]) -> tuple[str, str]:
+    """(scenario name or path, overrides string) from the run config, else from the environment."""
+    if run_config.get("scenario"):
+        return str(run_config["scenario"]), str(run_config.get("overrides", "") or "")
+    name = os.environ.get(ENV_SCENARIO, "") or DEFAULT_SCENARIO
+    overrides = str(run_config.get("overrides", "") or "") or os.environ.get(ENV_OVERRIDES, "")
+    return name, overrides
+
+
 def scenario_from_run_config(run_config: dict[str, Any]):
     from fedsim.scenarios import load_scenario
 
-    name = str(run_config.get("scenario", "quickstart"))
-    overrides = shlex.split(str(run_config.get("overrides", "") or ""))
-    return load_scenario(name, overrides)
+    name, overrides = scenario_source(run_config)
+    return load_scenario(name, shlex.split(overrides))
 
 
 @lru_cache(maxsize=4)
@@ -43,7 +61,7 @@ def _cached(name: str, overrides: str) -> tuple[Any, Any, Any]:
 
 def load_for_run(run_config: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(scenario, data, trainer) for this run, built once per process."""
-    return _cached(str(run_config.get("scenario", "quickstart")), str(run_config.get("overrides", "") or ""))
+    return _cached(*scenario_source(run_config))
 
 
 def model_arrays(trainer: Any, flat: np.ndarray) -> dict[str, np.ndarray]:

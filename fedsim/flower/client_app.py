@@ -3,6 +3,11 @@
 It trains with the same :class:`~fedsim.engine.trainer.ClientTrainer` as the Ray engine and, when the
 server asks for distributed noise (``fedsim.noise-share-std`` in the config), clips its update and adds its
 own noise share before the update leaves the node. Nothing happens at import time.
+
+``app`` reads the scenario from the run config (or, when that is empty as under
+``flwr.simulation.run_simulation``, from ``FEDSIM_SCENARIO`` / ``FEDSIM_OVERRIDES``).
+:func:`make_client_app` builds the same ClientApp with run-config defaults baked in (the
+:class:`~fedsim.engine.flower_engine.FlowerEngine` uses it, so it needs no environment variables).
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, clip_update, flatten,
 from fedsim.strategies.dpfedavg import CFG_CLIP, CFG_NOISE_STD, CFG_ROUND, MET_UNCLIPPED
 
 from .apps import load_for_run, model_arrays
-
-app = ClientApp()
 
 
 def _client_id(data, context: Context) -> int:
@@ -39,42 +42,66 @@ def _global(msg: Message) -> tuple[ArrayRecord, np.ndarray]:
     return arrays, flatten(arrays.to_numpy_ndarrays())
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    scenario, data, trainer = load_for_run(context.run_config)
-    cid = _client_id(data, context)
-    config = next(iter(msg.content.config_records.values()))
-    server_round = int(config.get(CFG_ROUND, 0))
-    global_arrays, flat = _global(msg)
-    global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
-    update, metrics = trainer.train_one(cid, server_round, global_w)
-    update = update.double().cpu().numpy()
-    share_std = float(config.get(CFG_NOISE_STD, 0.0))
-    unclipped = 1
-    if share_std > 0:  # distributed noise: clip and noise here, before the update leaves the client
-        clip = float(config[CFG_CLIP])
-        update, norm, finite = clip_update(update, clip)
-        if not finite:
-            raise ValueError(f"client {cid}: local training produced a non-finite update")
-        unclipped = int(norm <= clip)
-        rng = make_rng(scenario.seed, server_round, STREAM_NOISE_SHARE, cid)
-        update = update + rng.normal(0.0, share_std, size=update.size)
-    # echo the server's array names so the reply matches the global model key for key
-    new = model_arrays(trainer, flat + update).values()
-    reply_arrays = ArrayRecord(
-        array_dict={k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)}
-    )
-    out = MetricRecord(
-        {"num-examples": metrics["num_examples"], "train_loss": metrics["train_loss"], MET_UNCLIPPED: unclipped}
-    )
-    return Message(RecordDict({"arrays": reply_arrays, "metrics": out}), reply_to=msg)
+def make_client_app(run_config_defaults: dict | None = None) -> ClientApp:
+    """The fedsim ClientApp; ``run_config_defaults`` fill keys the run config lacks (e.g. ``scenario``)."""
+    defaults = dict(run_config_defaults or {})
+    app = ClientApp()
+
+    def _config(context: Context) -> dict:
+        return {**defaults, **dict(context.run_config)} if defaults else dict(context.run_config)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        scenario, data, trainer = load_for_run(_config(context))
+        cid = _client_id(data, context)
+        config = next(iter(msg.content.config_records.values()))
+        server_round = int(config.get(CFG_ROUND, 0))
+        global_arrays, flat = _global(msg)
+        global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
+        update, metrics = trainer.train_one(cid, server_round, global_w)
+        update = update.double().cpu().numpy()
+        share_std = float(config.get(CFG_NOISE_STD, 0.0))
+        unclipped = 1
+        if share_std > 0:  # distributed noise: clip and noise here, before the update leaves the client
+            clip = float(config[CFG_CLIP])
+            update, norm, finite = clip_update(update, clip)
+            if not finite:
+                raise ValueError(f"client {cid}: local training produced a non-finite update")
+            unclipped = int(norm <= clip)
+            rng = make_rng(scenario.seed, server_round, STREAM_NOISE_SHARE, cid)
+            update = update + rng.normal(0.0, share_std, size=update.size)
+        # echo the server's array names so the reply matches the global model key for key
+        new = model_arrays(trainer, flat + update).values()
+        reply_arrays = ArrayRecord(
+            array_dict={k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)}
+        )
+        out = MetricRecord(
+            {"num-examples": metrics["num_examples"], "train_loss": metrics["train_loss"], MET_UNCLIPPED: unclipped}
+        )
+        return Message(RecordDict({"arrays": reply_arrays, "metrics": out}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        _, data, trainer = load_for_run(_config(context))
+        cid = _client_id(data, context)
+        _, flat = _global(msg)
+        _, n, loss_sum, correct = trainer.evaluate([cid], flat)[0]
+        out = MetricRecord({"num-examples": int(n), "loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)})
+        return Message(RecordDict({"metrics": out}), reply_to=msg)
+
+    @app.query("fedsim_identity")
+    def identity(msg: Message, context: Context) -> Message:
+        """Which training client this node holds (asked once by :class:`fedsim.flower.grid.ClientIdGrid`)."""
+        from flwr.app import ConfigRecord
+
+        from .grid import KEY_CLIENT_ID, KEY_PARTITION_ID
+
+        _, data, _ = load_for_run(_config(context))
+        cid = _client_id(data, context)
+        rec = ConfigRecord({KEY_CLIENT_ID: cid, KEY_PARTITION_ID: int(context.node_config["partition-id"])})
+        return Message(RecordDict({"identity": rec}), reply_to=msg)
+
+    return app
 
 
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    _, data, trainer = load_for_run(context.run_config)
-    cid = _client_id(data, context)
-    _, flat = _global(msg)
-    _, n, loss_sum, correct = trainer.evaluate([cid], flat)[0]
-    out = MetricRecord({"num-examples": int(n), "loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)})
-    return Message(RecordDict({"metrics": out}), reply_to=msg)
+app = make_client_app()

@@ -1,0 +1,41 @@
+"""A non-editable wheel install imports fedsim, fedsim.strategies and fedsim.scenarios (with its TOML files)."""
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_installs_namespaced_packages(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
+        check=True, cwd=tmp_path,
+    )
+    wheels = list(dist.glob("fedsim-*.whl"))
+    assert len(wheels) == 1
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # the wheel's contents go into the fresh environment; its dependencies come from this one (a plain path
+    # entry, so this environment's editable-install hook is *not* active there)
+    import zipfile
+
+    with zipfile.ZipFile(wheels[0]) as zf:
+        zf.extractall(site)
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    code = (
+        "import fedsim, fedsim.strategies, fedsim.scenarios, fedsim.privacy, fedsim.engine.runner;"
+        "from fedsim.scenarios import available_scenarios, load_scenario;"
+        "assert 'quickstart' in available_scenarios(), available_scenarios();"
+        "load_scenario('quickstart');"
+        "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__)"
+    )
+    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    for line in out.split():
+        assert line.startswith(str(site)), (line, site)
+    assert "strategies" in out and "scenarios" in out
