@@ -26,6 +26,8 @@ class DataConfig(_Section):
     domains: list[float] | int | None = Field(
         None, description="agnostic FL: number of equal domains, or the fraction of clients in each"
     )
+    domain_shift: float | None = Field(None, ge=0, description="domains: feature shift of domain k (x feature std)")
+    domain_noise: float | None = Field(None, ge=0, description="domains: per-example feature noise growing with k")
     num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
     synthetic_alpha: float = Field(1.0, ge=0)
     synthetic_beta: float = Field(1.0, ge=0)

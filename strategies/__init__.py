@@ -8,3 +8,7 @@ from .dpfedavg import AdaptiveClipping, BudgetExhausted, DPFedAvg, RoundPlan
 from .server_opt import SERVER_OPTIMIZERS, ServerOptimizer
 
 __all__ = ["AdaptiveClipping", "BudgetExhausted", "DPFedAvg", "RoundPlan", "SERVER_OPTIMIZERS", "ServerOptimizer"]
+
+from .agnostic import DPAgnosticFedAvg, project_to_simplex  # noqa: E402
+
+__all__ += ["DPAgnosticFedAvg", "project_to_simplex"]

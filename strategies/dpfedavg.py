@@ -51,7 +51,9 @@ CFG_ROUND = "server-round"
 CFG_CLIP = "fedsim.clip"
 CFG_NOISE_STD = "fedsim.noise-share-std"
 CFG_NOISE_SEED = "fedsim.noise-seed"
+CFG_LOSS_BOUND = "fedsim.loss-bound"
 MET_UNCLIPPED = "fedsim.unclipped"
+MET_LOSS = "fedsim.loss"  # the client's loss of the global model, per example clipped to [0, bound] / bound
 
 
 class BudgetExhausted(RuntimeError):
@@ -94,6 +96,8 @@ class RoundPlan:
     mechanism: Mechanism
     noise_share_std: float = 0.0
     releases: list[tuple[str, Mechanism]] = field(default_factory=list)
+    client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
+    loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
 
 
 class DPFedAvg(Strategy):
@@ -205,6 +209,13 @@ class DPFedAvg(Strategy):
         z_b = self.adaptive_clipping.count_noise_multiplier
         return float(z_b) if z_b is not None else model.expected_cohort / 20.0
 
+    def _releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
+        """Everything one round releases, each on the round's cohort (the budget check and the ledger)."""
+        releases = [("model", model)]
+        if self.adaptive_clipping is not None:
+            releases.append(("clip-count", self._count_mechanism(model)))
+        return releases
+
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
         return float(self.ledger.epsilon(delta=self.delta, method=self.accountant)) if len(self.ledger) else 0.0
@@ -217,9 +228,7 @@ class DPFedAvg(Strategy):
         if ids.size == 0:
             raise ValueError("no clients are available to sample from")
         model = self.mechanism(population)
-        releases = [("model", model)]
-        if self.adaptive_clipping is not None:
-            releases.append(("clip-count", self._count_mechanism(model)))
+        releases = self._releases(model)
         if self.max_epsilon is not None:
             if self.ledger.would_exceed(
                 model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases[1:]]
@@ -251,15 +260,7 @@ class DPFedAvg(Strategy):
         """
         partial.reject(missing)
         model = plan.mechanism
-        mean, server_std = private_mean(
-            partial,
-            clip=plan.clip,
-            noise_multiplier=self.noise_multiplier,
-            expected_cohort=model.expected_cohort,
-            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
-            noise_placement=self.noise_placement,
-            cohort_size=int(plan.cohort.size),
-        )
+        mean, server_std = self._noised_mean(plan, partial)
         new_weights = self.server_optimizer.step(weights, mean)
         metrics: dict[str, Any] = {
             "round": plan.round,
@@ -277,6 +278,26 @@ class DPFedAvg(Strategy):
             metrics["median_update_norm"] = float(np.median(norms))
         for name, mech in plan.releases:
             self.ledger.record(round=plan.round, mechanism=mech, name=name)
+        self._after_release(plan, partial, metrics)
+        metrics["epsilon"] = self.epsilon()
+        self.history.append(metrics)
+        return new_weights, metrics
+
+    def _noised_mean(self, plan: RoundPlan, partial: PartialSum) -> tuple[np.ndarray, float]:
+        """The released model update: noised clipped sum over the expected cohort."""
+        return private_mean(
+            partial,
+            clip=plan.clip,
+            noise_multiplier=self.noise_multiplier,
+            expected_cohort=plan.mechanism.expected_cohort,
+            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
+            noise_placement=self.noise_placement,
+            cohort_size=int(plan.cohort.size),
+        )
+
+    def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
+        """Server-side state updates from this round's releases (adaptive clipping)."""
+        model = plan.mechanism
         if self.adaptive_clipping is not None:
             ac = self.adaptive_clipping
             z_b = self._count_noise_multiplier(model)
@@ -285,9 +306,6 @@ class DPFedAvg(Strategy):
             self.clip = float(plan.clip * math.exp(-ac.learning_rate * (frac - ac.target_quantile)))
             metrics["unclipped_fraction_noised"] = float(frac)
             metrics["next_clip"] = self.clip
-        metrics["epsilon"] = self.epsilon()
-        self.history.append(metrics)
-        return new_weights, metrics
 
     # ------------------------------------------------------------------ Flower Message API
     def summary(self) -> None:
@@ -317,6 +335,8 @@ class DPFedAvg(Strategy):
         config[CFG_CLIP] = float(plan.clip)
         if self.noise_placement == "distributed":
             config[CFG_NOISE_STD] = float(plan.noise_share_std)
+        if plan.loss_bound is not None:
+            config[CFG_LOSS_BOUND] = float(plan.loss_bound)
         log(INFO, "configure_train: sampled %d of %d nodes (%s)", plan.cohort.size, plan.population, self.sampling)
         record = RecordDict({"arrays": arrays, "config": config})
         return [
@@ -335,7 +355,6 @@ class DPFedAvg(Strategy):
         global_list = global_arrays.to_numpy_ndarrays()
         weights = flatten(global_list)
         partial = PartialSum(weights.size)
-        distributed = self.noise_placement == "distributed"
         received = 0
         for msg in replies:
             received += 1
@@ -343,12 +362,7 @@ class DPFedAvg(Strategy):
             if update is None:
                 partial.reject()
                 continue
-            vec = update - weights
-            if distributed:
-                partial.add(vec, plan.clip, already_clipped_and_noised=True)
-                partial.unclipped += _reply_unclipped_bit(msg)
-            else:
-                partial.add(vec, plan.clip)
+            self._add_reply(plan, partial, msg, update - weights)
         new_weights, metrics = self.finish_round(
             plan, weights, partial, missing=max(int(plan.cohort.size) - received, 0)
         )
@@ -356,6 +370,14 @@ class DPFedAvg(Strategy):
             array_dict={k: _array(a) for k, a in zip(keys, unflatten(new_weights, global_list), strict=True)}
         )
         return new_arrays, MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+
+    def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
+        """Add one valid reply's update (``reply - global``) to the round's partial sum."""
+        if self.noise_placement == "distributed":
+            partial.add(update, plan.clip, already_clipped_and_noised=True)
+            partial.unclipped += _reply_unclipped_bit(msg)
+        else:
+            partial.add(update, plan.clip)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -414,8 +436,12 @@ def _reply_update(msg: Message, keys: list[str], like: list[np.ndarray]) -> np.n
     return flatten(arrays)
 
 
-def _reply_unclipped_bit(msg: Message) -> int:
+def _reply_metric(msg: Message, key: str, default: float = 0.0) -> float:
     for rec in msg.content.metric_records.values():
-        if MET_UNCLIPPED in rec:
-            return int(bool(rec[MET_UNCLIPPED]))
-    return 0
+        if key in rec:
+            return float(rec[key])
+    return default
+
+
+def _reply_unclipped_bit(msg: Message) -> int:
+    return int(bool(_reply_metric(msg, MET_UNCLIPPED, 0.0)))

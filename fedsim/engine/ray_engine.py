@@ -31,7 +31,9 @@ class LocalEngine:
         self.num_workers = 1
 
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
-        return self.trainer.train(plan.round, plan.cohort, weights, plan.clip, plan.noise_share_std)
+        return self.trainer.train(
+            plan.round, plan.cohort, weights, plan.clip, plan.noise_share_std, plan.client_weights, plan.loss_bound
+        )
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         return self.trainer.evaluate(client_ids, weights)
@@ -56,8 +58,11 @@ class _Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "device": str(self.trainer.device), "pid": os.getpid()}
 
-    def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float):
-        partial, metrics = self.trainer.train(server_round, client_ids, weights, clip, share)
+    def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float,
+              client_weights: dict[int, float] | None = None, loss_bound: float | None = None):
+        partial, metrics = self.trainer.train(
+            server_round, client_ids, weights, clip, share, client_weights, loss_bound
+        )
         import ray
 
         node = ray.get_runtime_context().get_node_id()
@@ -130,7 +135,11 @@ class RayEngine:
 
         w32 = np.asarray(weights, dtype=np.float32)
         futures = [
-            worker.train.remote(plan.round, share, w32, plan.clip, plan.noise_share_std)
+            worker.train.remote(
+                plan.round, share, w32, plan.clip, plan.noise_share_std,
+                None if plan.client_weights is None else {c: plan.client_weights[c] for c in share},
+                plan.loss_bound,
+            )
             for worker, share in zip(self.workers, self._shares(plan.cohort), strict=True)
             if share
         ]

@@ -20,9 +20,9 @@ from fedsim.data import build_federated_data
 from fedsim.privacy import generalization_statement
 from fedsim.report.rundir import RunWriter, new_run_dir
 from fedsim.scenarios import Scenario, scenario_to_toml
-from fedsim.strategies import AdaptiveClipping, BudgetExhausted, DPFedAvg, ServerOptimizer
+from fedsim.strategies import AdaptiveClipping, BudgetExhausted, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
 
-from .trainer import TrainSettings, client_means, initial_weights
+from .trainer import TrainSettings, client_means, domain_means, initial_weights
 
 
 @dataclass
@@ -38,6 +38,9 @@ class RunResult:
 def build_data(scenario: Scenario) -> Any:
     d = scenario.data
     options: dict[str, Any] = {}
+    if d.domains is not None and d.dataset != "synthetic":
+        options["domain_shift"] = d.domain_shift
+        options["domain_noise"] = d.domain_noise
     if d.dataset == "mnist1d" and d.num_samples is not None:
         options["num_samples"] = d.num_samples
     if d.dataset == "synthetic":
@@ -59,12 +62,23 @@ def build_data(scenario: Scenario) -> Any:
     )
 
 
-def build_strategy(scenario: Scenario, population: int) -> DPFedAvg:
-    p, s = scenario.privacy, scenario.server
+def build_strategy(scenario: Scenario, population: int | None, data: Any = None) -> DPFedAvg:
+    """The scenario's strategy: :class:`DPFedAvg`, or :class:`DPAgnosticFedAvg` when ``agnostic.enabled``."""
+    p, s, a = scenario.privacy, scenario.server, scenario.agnostic
     adaptive = (
         AdaptiveClipping(p.target_quantile, p.clip_lr, p.count_noise_multiplier) if p.adaptive_clip else None
     )
-    return DPFedAvg(
+    cls: Any = DPFedAvg
+    extra: dict[str, Any] = {}
+    if a.enabled:
+        if data is None:
+            raise ValueError("agnostic.enabled needs the scenario's data (client domains)")
+        cls = DPAgnosticFedAvg
+        extra = dict(
+            client_domains=data.domain, num_domains=data.num_domains, lambda_lr=a.lambda_lr,
+            loss_noise_multiplier=a.loss_noise_multiplier, loss_bound=math.log(data.num_classes),
+        )
+    return cls(
         sampling=p.sampling,
         sampling_rate=p.sampling_rate,
         clients_per_round=p.clients_per_round,
@@ -78,6 +92,7 @@ def build_strategy(scenario: Scenario, population: int) -> DPFedAvg:
         max_epsilon=p.max_epsilon,
         seed=scenario.seed,
         population=population,
+        **extra,
     )
 
 
@@ -144,7 +159,7 @@ def run_scenario(
     train_ids = np.asarray(data.train_clients)
     heldout_ids = np.asarray(data.heldout_clients)
     population = int(train_ids.size)
-    strategy = build_strategy(scenario, population)
+    strategy = build_strategy(scenario, population, data)
     weights = initial_weights(settings, data.input_dim, data.num_classes)
     delta, rounds = scenario.privacy.delta, scenario.rounds
     bounds = _paper_bounds(strategy, population, rounds, delta)
@@ -180,8 +195,18 @@ def run_scenario(
             if client_metrics:
                 row["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
             if t % scenario.engine.eval_every == 0 or t == rounds:
-                tr = client_means(engine.evaluate(train_ids, weights))
-                ho = client_means(engine.evaluate(heldout_ids, weights)) if heldout_ids.size else None
+                tr_rows = engine.evaluate(train_ids, weights)
+                ho_rows = engine.evaluate(heldout_ids, weights) if heldout_ids.size else None
+                tr = client_means(tr_rows)
+                ho = client_means(ho_rows) if ho_rows is not None else None
+                if data.num_domains > 1:
+                    row["domains_train"] = domain_means(tr_rows, data)
+                    row["worst_domain_train_loss"] = max(d["loss"] for d in row["domains_train"])
+                    if ho_rows is not None:
+                        row["domains_heldout"] = domain_means(ho_rows, data)
+                        row["worst_domain_heldout_loss"] = max(
+                            d["loss"] for d in row["domains_heldout"] if d["clients"]
+                        )
                 row.update(train_loss=tr["loss"], train_accuracy=tr["accuracy"])
                 if ho is not None:
                     row.update(

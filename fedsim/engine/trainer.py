@@ -146,15 +146,28 @@ class ClientTrainer:
         weights: np.ndarray,
         clip: float,
         noise_share_std: float = 0.0,
+        client_weights: dict[int, float] | None = None,
+        loss_bound: float | None = None,
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
         """Train ``client_ids`` from ``weights``; return the sum of their clipped updates and their metrics.
 
         With ``noise_share_std > 0`` (distributed noise) each client clips its update and adds its own
         Gaussian share before the update leaves the client; the partial sum then holds noised updates.
+        ``client_weights``: per-client aggregation weights (agnostic FL); ``loss_bound``: also compute each
+        client's loss of the *global* model, per example clipped to ``[0, loss_bound]`` and divided by it (so
+        in [0, 1]), and accumulate the sums per domain in ``partial.extras`` (``domain_loss``, ``domain_count``).
         """
         global_w = self._global(weights)
         partial = PartialSum(self.dim)
         metrics: list[dict[str, Any]] = []
+        if loss_bound is not None:
+            self._load(global_w)
+            num_domains = int(self.data.num_domains)
+            for cid in client_ids:
+                loss = self.bounded_loss(int(cid), loss_bound)
+                d = int(self.data.domain(int(cid)))
+                partial.add_extra("domain_loss", d, loss, num_domains)
+                partial.add_extra("domain_count", d, 1.0, num_domains)
         if self.settings.vectorize and len(client_ids) > 1:
             from .vectorized import train_vectorized
 
@@ -174,12 +187,23 @@ class ClientTrainer:
                 else:
                     partial.reject()
             else:
-                norm = partial.add(update, clip)
+                w = 1.0 if client_weights is None else float(client_weights[m["client"]])
+                norm = partial.add(update, clip, weight=w)
             m["update_norm"] = norm
             metrics.append(m)
         return partial, metrics
 
     # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def bounded_loss(self, cid: int, bound: float) -> float:
+        """Mean over the client's examples of ``min(cross_entropy, bound) / bound`` for the loaded model."""
+        x, y = self._tensors(cid)
+        if y.shape[0] == 0:
+            return 0.0
+        self.model.eval()
+        ce = nn.functional.cross_entropy(self.model(x), y, reduction="none")
+        return float(torch.clamp(ce, max=bound).mean() / bound)
+
     @torch.no_grad()
     def evaluate(self, client_ids: list[int] | np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Per client: ``[client, num_examples, loss_sum, correct]`` (float64 array, one row per client)."""
@@ -217,3 +241,9 @@ def client_means(rows: np.ndarray) -> dict[str, float]:
     loss = rows[:, 2] / rows[:, 1]
     acc = rows[:, 3] / rows[:, 1]
     return {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "clients": int(rows.shape[0])}
+
+
+def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:
+    """:func:`client_means` per domain (index = domain)."""
+    doms = np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
+    return [client_means(rows[doms == d]) for d in range(int(data.num_domains))]

@@ -120,13 +120,19 @@ class PartialSum:
     unclipped: int = 0
     noise_shares: int = 0
     norms: list[float] = field(default_factory=list)
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.total is None:
             self.total = np.zeros(self.dim, dtype=np.float64)
 
-    def add(self, update: Any, clip: float, *, already_clipped_and_noised: bool = False) -> float:
-        """Clip ``update`` and add it. Returns the norm before clipping (nan when rejected).
+    def add(
+        self, update: Any, clip: float, *, already_clipped_and_noised: bool = False, weight: float = 1.0
+    ) -> float:
+        """Clip ``update`` and add ``weight`` times it. Returns the norm before clipping (nan when rejected).
+
+        ``weight`` is a per-client aggregation weight fixed by the server *before* the round (agnostic FL's
+        ``lambda_d / m_d``); the caller calibrates the noise to the largest weight.
 
         ``already_clipped_and_noised`` is for distributed noise: the client clipped its update and added its
         noise share; clipping again here would shrink the noise, so the update is only checked to be finite.
@@ -149,7 +155,7 @@ class PartialSum:
         if not finite:
             self.reject()
             return math.nan
-        self.total += clipped
+        self.total += clipped if weight == 1.0 else weight * clipped
         self.count += 1
         self.unclipped += int(norm <= clip)
         self.norms.append(norm)
@@ -157,6 +163,11 @@ class PartialSum:
 
     def reject(self, n: int = 1) -> None:
         self.rejected += n
+
+    def add_extra(self, key: str, index: int, value: float, size: int) -> None:
+        """Accumulate a small per-round statistic (e.g. per-domain loss sums), merged by addition."""
+        vec = self.extras.setdefault(key, np.zeros(size))
+        vec[index] += value
 
     def merge(self, other: PartialSum) -> PartialSum:
         if other.dim != self.dim:
@@ -167,6 +178,11 @@ class PartialSum:
         self.unclipped += other.unclipped
         self.noise_shares += other.noise_shares
         self.norms.extend(other.norms)
+        for key, vec in other.extras.items():
+            if key in self.extras:
+                self.extras[key] = self.extras[key] + vec
+            else:
+                self.extras[key] = vec.copy()
         return self
 
 

@@ -1,0 +1,169 @@
+"""Private agnostic federated learning (Mohri, Sivek and Suresh, ICML 2019) on top of DP-FedAvg.
+
+AFL solves ``min_w max_{lambda in simplex} sum_d lambda_d L_d(w)`` over client domains ``d``: the server keeps
+mixture weights ``lambda`` and alternates a model step on the ``lambda``-weighted objective with projected
+gradient *ascent* on ``lambda`` (the gradient in ``lambda`` is the vector of domain losses).
+
+Two releases per round, both on the round's sampled cohort and both recorded in the ledger:
+
+1. **Model update.** Client ``i`` of domain ``d`` gets weight ``w_i = lambda_d / m_d`` where ``m_d`` is the
+   *expected* number of sampled clients of domain ``d`` (``q * N_d``, or its fixed-size analogue). The released
+   update is ``sum_i w_i clip(Delta_i) + N(0, (z * clip * max_d w_d)^2 I)``: one client changes the weighted
+   sum by at most ``max_d w_d * clip``, so the noise multiplier relative to the sensitivity is ``z``, as in
+   DP-FedAvg (with ``lambda`` proportional to domain sizes the two coincide exactly).
+2. **Domain losses.** Each sampled client reports its loss of the global model before training, per example
+   clipped to ``[0, loss_bound]`` and divided by ``loss_bound``, so in ``[0, 1]``. The per-domain sums get
+   ``N(0, loss_noise_multiplier^2)`` each (one client moves one sum by at most 1: L2 sensitivity 1), and
+   ``lambda <- Proj_simplex(lambda + lambda_lr * noised_sum_d / m_d)``.
+
+``lambda`` is a function of past noised releases only (post-processing), so the per-client weights of a round
+are fixed before any client of that round is seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from fedsim.privacy import Mechanism
+from fedsim.privacy.aggregation import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, make_rng, private_mean
+
+from .dpfedavg import MET_LOSS, DPFedAvg, RoundPlan, _reply_metric
+
+
+def project_to_simplex(v: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto the probability simplex (Duchi et al. 2008)."""
+    v = np.asarray(v, dtype=np.float64)
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u)
+    ks = np.arange(1, v.size + 1)
+    rho = np.nonzero(u * ks > css - 1.0)[0][-1]
+    theta = (css[rho] - 1.0) / (rho + 1.0)
+    return np.maximum(v - theta, 0.0)
+
+
+class DPAgnosticFedAvg(DPFedAvg):
+    """DP-FedAvg whose aggregate is the ``lambda``-weighted average over client domains (agnostic FL).
+
+    Parameters (beyond :class:`DPFedAvg`)
+    ----------
+    client_domains : client id (or Flower node id) -> domain index in ``range(num_domains)``; a mapping or a
+        callable.
+    num_domains : number of domains.
+    lambda_lr : step size of the projected gradient ascent on ``lambda``.
+    loss_noise_multiplier : std of the noise on each per-domain loss sum (sensitivity 1).
+    loss_bound : per-example losses are clipped to ``[0, loss_bound]`` and divided by it (default ``log(10)``,
+        the loss of a uniform prediction over 10 classes).
+    initial_lambda : start of ``lambda`` (default: proportional to the domains' sizes, i.e. FedAvg's mixture).
+    """
+
+    def __init__(
+        self,
+        *,
+        client_domains: Mapping[int, int] | Callable[[int], int],
+        num_domains: int,
+        lambda_lr: float = 0.1,
+        loss_noise_multiplier: float = 1.0,
+        loss_bound: float = math.log(10),
+        initial_lambda: Iterable[float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("noise_placement", "central") != "central":
+            raise ValueError("DPAgnosticFedAvg supports noise_placement='central' only (the weights are per client)")
+        if kwargs.get("adaptive_clipping") is not None:
+            raise ValueError("DPAgnosticFedAvg does not combine with adaptive clipping yet; use a fixed clip")
+        super().__init__(**kwargs)
+        if int(num_domains) < 1:
+            raise ValueError(f"num_domains must be >= 1, got {num_domains}")
+        if lambda_lr <= 0 or not math.isfinite(lambda_lr):
+            raise ValueError(f"lambda_lr must be > 0, got {lambda_lr}")
+        if loss_noise_multiplier <= 0 or not math.isfinite(loss_noise_multiplier):
+            raise ValueError(f"loss_noise_multiplier must be > 0, got {loss_noise_multiplier}")
+        if loss_bound <= 0:
+            raise ValueError(f"loss_bound must be > 0, got {loss_bound}")
+        self.num_domains = int(num_domains)
+        self._domain_of = client_domains.__getitem__ if isinstance(client_domains, Mapping) else client_domains
+        self.lambda_lr = float(lambda_lr)
+        self.loss_noise_multiplier = float(loss_noise_multiplier)
+        self.loss_bound = float(loss_bound)
+        self.lam: np.ndarray | None = None
+        if initial_lambda is not None:
+            lam = np.asarray(list(initial_lambda), dtype=np.float64)
+            if lam.shape != (self.num_domains,) or np.any(lam < 0) or not math.isclose(lam.sum(), 1.0, rel_tol=1e-9):
+                raise ValueError(f"initial_lambda must be {self.num_domains} non-negative numbers summing to 1")
+            self.lam = lam
+        self._domain_sizes: np.ndarray | None = None
+
+    def domain(self, client: int) -> int:
+        d = int(self._domain_of(int(client)))
+        if not 0 <= d < self.num_domains:
+            raise ValueError(f"client {client} has domain {d}, outside 0..{self.num_domains - 1}")
+        return d
+
+    # ------------------------------------------------------------------ releases and weights
+    def _loss_mechanism(self, model: Mechanism) -> Mechanism:
+        return model.replace(clip=1.0, noise_multiplier=self.loss_noise_multiplier)
+
+    def _releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
+        return [("model", model), ("domain-losses", self._loss_mechanism(model))]
+
+    def _expected_per_domain(self, model: Mechanism) -> np.ndarray:
+        """Expected sampled clients per domain: the population's domain sizes times the sampling probability."""
+        assert self._domain_sizes is not None
+        return np.maximum(self._domain_sizes * model.q, 1e-12)
+
+    def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
+        ids = np.sort(np.fromiter((int(c) for c in client_ids), dtype=np.int64))
+        if self._domain_sizes is None:
+            doms = np.array([self.domain(c) for c in ids], dtype=np.int64)
+            self._domain_sizes = np.bincount(doms, minlength=self.num_domains).astype(np.float64)
+            if np.any(self._domain_sizes == 0):
+                empty = np.nonzero(self._domain_sizes == 0)[0].tolist()
+                raise ValueError(f"domains {empty} have no training client; every domain needs at least one")
+            if self.lam is None:
+                self.lam = self._domain_sizes / self._domain_sizes.sum()
+        plan = super().begin_round(server_round, ids)
+        per_client = self.lam / self._expected_per_domain(plan.mechanism)
+        plan.client_weights = {int(c): float(per_client[self.domain(c)]) for c in plan.cohort}
+        plan.loss_bound = self.loss_bound
+        return plan
+
+    def _weight_scale(self, plan: RoundPlan) -> float:
+        assert self.lam is not None
+        return float(np.max(self.lam / self._expected_per_domain(plan.mechanism)))
+
+    def _noised_mean(self, plan: RoundPlan, partial: PartialSum) -> tuple[np.ndarray, float]:
+        # The partial sum is already weighted; the noise is z * (largest weight * clip), the sensitivity.
+        scale = self._weight_scale(plan)
+        return private_mean(
+            partial,
+            clip=plan.clip * scale,
+            noise_multiplier=self.noise_multiplier,
+            expected_cohort=1.0,
+            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
+        )
+
+    def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
+        assert self.lam is not None
+        sums = partial.extras.get("domain_loss", np.zeros(self.num_domains))
+        noised = sums + make_rng(self.seed, plan.round, STREAM_LOSS_NOISE).normal(
+            0.0, self.loss_noise_multiplier, size=self.num_domains
+        )
+        est = noised / self._expected_per_domain(plan.mechanism)
+        metrics["lambda_used"] = self.lam.tolist()
+        metrics["weight_scale"] = self._weight_scale(plan)
+        metrics["domain_loss_noised"] = est.tolist()
+        self.lam = project_to_simplex(self.lam + self.lambda_lr * est)
+        metrics["lambda_next"] = self.lam.tolist()
+
+    # ------------------------------------------------------------------ Flower Message API
+    def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
+        node = int(msg.metadata.src_node_id)
+        assert plan.client_weights is not None
+        partial.add(update, plan.clip, weight=plan.client_weights[node])
+        loss = min(max(_reply_metric(msg, MET_LOSS, 0.0), 0.0), 1.0)  # enforce the [0, 1] bound here too
+        partial.add_extra("domain_loss", self.domain(node), loss, self.num_domains)
