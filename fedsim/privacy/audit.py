@@ -105,8 +105,8 @@ def _verdict(a: dict) -> str:
         )
     if a.get("below_optimal"):
         reasons.append(
-            f"the printed delta'={a['delta_prime']:.3g} is below the optimal composition "
-            f"{a['optimal_delta_at_eps_prime']:.3g} at eps'={_fmt(a['eps_prime'])}"
+            f"the printed delta'={a['delta_prime']:.5g} is below the optimal composition "
+            f"{a['optimal_delta_at_eps_prime']:.5g} at eps'={_fmt(a['eps_prime'])}"
         )
     if reasons:
         return "paper bound; not a valid certificate because " + " and ".join(reasons)

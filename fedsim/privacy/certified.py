@@ -18,7 +18,7 @@
 
 PLD curves over many rounds are computed exactly at checkpoint rounds and every round in between
 reports the value at the next checkpoint (epsilon is non-decreasing in rounds, so this is an upper
-bound, tight at the checkpoints and at most ``checkpoint_ratio`` rounds apart); the default PLD
+bound, tight at the checkpoints, which are every round up to 50 and then 3% apart); the default PLD
 discretisation is 1e-3 (pessimistic rounding: an upper bound that is slightly above dp-accounting's
 default 1e-4 grid, which is 10-20x slower). Both are parameters.
 """
@@ -100,7 +100,19 @@ def _rdp_cached(kind: str, std: float, q: float, population: int, tau: int) -> n
     from dp_accounting import dp_event, privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
+    import logging
+
     g = dp_event.GaussianDpEvent(std)
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # dp-accounting warns when it drops an order that did not converge
+    try:
+        return _rdp_compute(kind, g, q, population, tau, dp_event, privacy_accountant, rdp)
+    finally:
+        absl_logger.setLevel(level)
+
+
+def _rdp_compute(kind, g, q, population, tau, dp_event, privacy_accountant, rdp) -> np.ndarray:
     if kind == "poisson":
         acc = rdp.RdpAccountant(neighboring_relation=privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE)
         acc.compose(dp_event.PoissonSampledDpEvent(q, g))
@@ -157,7 +169,7 @@ def rdp_curve(m: Mechanism, rounds: int, delta: float) -> np.ndarray:
     return rdp_epsilon(t * per[None, :], delta)
 
 
-def pld_checkpoints(rounds: int, dense: int = 32, ratio: float = 1.02) -> np.ndarray:
+def pld_checkpoints(rounds: int, dense: int = 50, ratio: float = 1.03) -> np.ndarray:
     """Rounds at which the PLD curve is exact: every round up to ``dense``, then geometric, and the last."""
     pts = list(range(1, min(rounds, dense) + 1))
     t = pts[-1] if pts else 0
@@ -172,21 +184,31 @@ def pld_curve(
     rounds: int,
     delta: float,
     discretization: float = DEFAULT_PLD_DISCRETIZATION,
-    checkpoint_ratio: float = 1.02,
-    dense: int = 32,
+    checkpoint_ratio: float = 1.03,
+    dense: int = 50,
     exact_every_round: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Epsilon after every round and a boolean mask of rounds computed exactly.
+    """Epsilon after every round and a boolean mask of the rounds computed exactly.
 
-    Rounds between checkpoints report the next checkpoint's epsilon (an upper bound; see module doc).
+    Rounds ``1..dense`` are exact (incremental composition, one convolution per round); after that
+    the PLD is computed exactly at checkpoints ``t_{k+1} = ceil(t_k * checkpoint_ratio)`` (one
+    ``self_compose`` each) and the rounds in between report the next checkpoint's epsilon: an upper
+    bound, since epsilon is non-decreasing in rounds, at most one checkpoint step loose.
     """
     single = round_pld(m, discretization=discretization)
-    cps = np.arange(1, rounds + 1) if exact_every_round else pld_checkpoints(rounds, dense, checkpoint_ratio)
+    if exact_every_round:
+        dense = rounds
+    cps = pld_checkpoints(rounds, dense, checkpoint_ratio)
     eps_cp = np.empty(len(cps))
+    acc = None
     for i, t in enumerate(cps):
-        pld_t = single if t == 1 else single.self_compose(int(t))
+        if t <= dense:
+            acc = single if acc is None else acc.compose(single)
+            pld_t = acc
+        else:
+            pld_t = single.self_compose(int(t))
         eps_cp[i] = pld_t.get_epsilon_for_delta(delta)
-    # enforce monotonicity from the right (a later checkpoint can only be larger; guard float noise)
+    # a later checkpoint can only be larger; guard float noise by a running maximum (upper bound)
     eps_cp = np.maximum.accumulate(eps_cp)
     idx = np.searchsorted(cps, np.arange(1, rounds + 1), side="left")
     curve = eps_cp[idx]

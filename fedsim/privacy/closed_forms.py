@@ -41,7 +41,7 @@ Valid closed forms (certificates):
 
 Per-step parameters for a target total delta (documented conventions, the theorems leave them free):
 ``dtil = delta/2`` for igmm, dp-fl-thm8 and igmm-corrected; for the printed theorems the per-step
-delta is then the largest (to 40 bisection steps in log space) whose printed ``delta'`` is at most the
+delta is then the largest (22 bisection steps in log space: within 0.003% of the largest) whose printed ``delta'`` is at most the
 target; for igmm-corrected ``1-(1-q delta_step)^T (1-dtil) = delta``; for kairouz half the target goes
 to ``1-(1-q delta_step)^T`` and the rest to the optimal-composition term; for basic
 ``T q delta_step = delta``.
@@ -56,6 +56,7 @@ from .gaussian import amplify_epsilon, gaussian_epsilon
 
 __all__ = [
     "igmm_theorem7",
+    "paper_composition",
     "dpfl_theorem8",
     "kairouz_theorem34",
     "optimal_composition_delta",
@@ -83,9 +84,22 @@ def igmm_theorem7(N, tau, T, sigma, D, delta, dtil) -> dict:
         eps0 = (np.sqrt(2.0) * D * sigma / tau * np.sqrt(L) + D ** 2 / tau ** 2) / (2.0 * sigma ** 2)
         et = np.log((N - tau) / N + (tau / N) * np.exp(eps0))
         et = np.where(np.isfinite(et), et, np.log1p((tau / N) * np.expm1(eps0)))
+    out = paper_composition(et, delta, T, dtil, K_scale=N / tau)
+    out["eps0"] = eps0
+    return out
+
+
+def paper_composition(et, delta, T, dtil, K_scale=1.0) -> dict:
+    """The composition step of UAI Corollary 2 / Theorem 7 as printed, for per-step (et, delta).
+
+    ``K = ceil(K_scale * eps'/et)``: ``K_scale = 1`` is Corollary 2, ``K_scale = N/tau`` is the
+    exponent printed in Theorem 7. Returns eps_prime, K, dtil_prime, delta_prime, defined, statement.
+    """
+    et, delta, T, dtil, K_scale = (np.asarray(v, dtype=float) for v in (et, delta, T, dtil, K_scale))
+    with np.errstate(all="ignore"):
         th = np.tanh(et / 2.0)  # (e^et - 1)/(e^et + 1)
         eps_p = np.sqrt(2.0 * T * np.log(1.0 / dtil) * et ** 2) + T * et * th
-        K = np.ceil(N * eps_p / (tau * et))
+        K = np.ceil(K_scale * eps_p / et)
         Tet = T * et
         defined = Tet > eps_p
         gap = np.where(defined, Tet - eps_p, _NAN)
@@ -102,7 +116,7 @@ def igmm_theorem7(N, tau, T, sigma, D, delta, dtil) -> dict:
         B = -np.expm1(K * np.log1p(-ex) + (T - K) * np.log1p(-x))  # 1 - (1-e^et x)^K (1-x)^(T-K)
         delta_p = A + B + dtil_p
         statement = defined & np.isfinite(delta_p) & (delta_p < 1.0) & (delta_p >= 0) & np.isfinite(eps_p)
-    return dict(eps0=eps0, et=et, eps_prime=eps_p, K=K, dtil_prime=dtil_p, delta_prime=delta_p,
+    return dict(et=et, eps_prime=eps_p, K=K, dtil_prime=dtil_p, delta_prime=delta_p,
                 defined=defined, statement=statement)
 
 
@@ -136,7 +150,7 @@ def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
                 defined=defined, statement=statement)
 
 
-def calibrate_step_delta(fn, target, iterations: int = 40, span: float = 120.0) -> tuple[np.ndarray, dict]:
+def calibrate_step_delta(fn, target, iterations: int = 22, span: float = 120.0) -> tuple[np.ndarray, dict]:
     """Largest per-step delta (per element) with printed ``delta' <= target``, by bisection in log space.
 
     ``fn(delta_step) -> dict`` evaluates a printed theorem. Elements where even the smallest
@@ -184,9 +198,13 @@ def optimal_composition_delta(eps, T, eps_prime, delta=0.0):
         Lmax = np.ceil((T * eps - eps_prime) / (2.0 * eps)) - 1.0
         Lmax = np.minimum(Lmax, T)
         p_small = 1.0 / (1.0 + np.exp(eps))
-        px = np.where(Lmax >= 0, bdtr(np.maximum(Lmax, 0), T, p_small), 0.0)
-        py = np.where(Lmax >= 0, bdtr(np.maximum(Lmax, 0), T, 1.0 - p_small), 0.0)
-        d0 = np.maximum(px - np.exp(eps_prime) * py, 0.0)
+        has = Lmax >= 0
+        k_int = np.maximum(np.nan_to_num(Lmax, nan=0.0, posinf=0.0, neginf=0.0), 0).astype(np.int64)
+        n_int = np.round(T).astype(np.int64)
+        px = np.where(has, bdtr(k_int, n_int, p_small), 0.0)
+        py = np.where(has, bdtr(k_int, n_int, 1.0 - p_small), 0.0)
+        ey = np.where(py > 0, np.exp(eps_prime + np.log(np.where(py > 0, py, 1.0))), 0.0)
+        d0 = np.where(has, np.maximum(px - ey, 0.0), 0.0)
         return -np.expm1(T * np.log1p(-delta)) + np.exp(T * np.log1p(-delta)) * d0
 
 

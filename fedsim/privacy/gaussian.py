@@ -48,24 +48,44 @@ def classical_gaussian_epsilon(delta, r):
     return r * r / 2.0 + r * np.sqrt(2.0 * np.log(1.0 / delta))
 
 
-def gaussian_epsilon(delta, r, iterations: int = 80):
+def gaussian_epsilon(delta, r, iterations: int = 12):
     """Smallest eps with exact ``delta(eps) <= delta`` for the Gaussian mechanism (vectorised).
 
-    Solved by bisection in eps between 0 and the classical bound; the upper end of the final
-    bracket is returned, so the result is never below the exact value (by more than float error).
-    Where ``delta(0) <= delta`` the answer is 0.
+    Safeguarded Newton iteration on ``log delta(eps)`` inside a bracket ``[0, classical bound]``
+    (bisection whenever a Newton step leaves the bracket). The returned value always satisfies
+    ``delta(eps) <= delta`` (it is the upper end of the final bracket), so it is never below the exact
+    epsilon by more than float error. Where ``delta(0) <= delta`` the answer is 0.
     """
     delta = np.asarray(delta, dtype=float)
     r = np.asarray(r, dtype=float)
     delta, r = np.broadcast_arrays(delta, r)
     log_target = np.log(delta)
     lo = np.zeros(delta.shape)
-    hi = classical_gaussian_epsilon(delta, r) + 1e-12
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        ok = gaussian_log_delta(mid, r) <= log_target
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid)
+    hi = classical_gaussian_epsilon(delta, r) * (1 + 1e-12) + 1e-15
+    x = hi.copy()
+    with np.errstate(all="ignore"):
+        for _ in range(iterations):
+            la = log_ndtr(r / 2.0 - x / r)
+            lb = log_ndtr(-r / 2.0 - x / r)
+            ld = la + np.log(-np.expm1(np.minimum(x + lb - la, -1e-300)))
+            f = ld - log_target
+            feasible = f <= 0
+            hi = np.where(feasible, np.minimum(hi, x), hi)
+            lo = np.where(feasible, lo, np.maximum(lo, x))
+            # d log(delta)/d eps = -e^eps Phi(-r/2 - eps/r) / delta(eps)
+            slope = -np.exp(x + lb - ld)
+            step = np.where(slope < 0, f / slope, np.nan)
+            nx = x - step
+            bad = ~np.isfinite(nx) | (nx <= lo) | (nx >= hi)
+            nx = np.where(bad, 0.5 * (lo + hi), nx)
+            if np.all(hi - lo <= 1e-13 * np.maximum(1.0, hi)) or np.all(np.abs(nx - x) <= 1e-15 * np.maximum(1.0, x)):
+                x = nx
+                break
+            x = nx
+        # polish: the last iterate nudged up, if feasible, tightens hi
+        cand = x * (1 + 1e-13) + 1e-300
+        fc = gaussian_log_delta(cand, r) - log_target
+        hi = np.where((fc <= 0) & (cand < hi), cand, hi)
     zero = gaussian_log_delta(0.0, r) <= log_target
     out = np.where(zero, 0.0, hi)
     return out if out.ndim else float(out)

@@ -104,13 +104,7 @@ def _admissible_interval(population: float, delta: float, version: str) -> tuple
             return (lo_e, _EPS_MAX)
         return (brentq(f, lo_e, _EPS_MAX, xtol=1e-14, rtol=1e-13) * (1 + 1e-12), _EPS_MAX)
     # UAI: t1 decreasing, t2 increasing: the max is smallest where they cross
-    def t_diff(e):
-        e = np.asarray(e, dtype=float)
-        t1 = 2.0 / (0.077 * e ** 2) * np.log(43.0 / (254.0 * np.exp(-1.7 * e) * delta))
-        t2 = 200.0 / np.log(0.9 * (1.0 - 0.9 * np.exp(-e))) * np.log(9.0 * np.exp(-e) * delta / 48180.0)
-        return float(t1 - t2)
-
-    e_cross = brentq(t_diff, 1e-6, _EPS_MAX, xtol=1e-14, rtol=1e-13)
+    e_cross = _uai_crossing(delta)
     if f(e_cross) > 0:
         return None
     lo = brentq(f, 1e-9, e_cross, xtol=1e-15, rtol=1e-14) if f(1e-9) > 0 else 1e-9
@@ -141,42 +135,53 @@ def _validate(eps, delta, population):
 
 
 def _n_min(eps: float, delta: float, version: str) -> int | None:
-    """Smallest population at which some eps2 >= eps gives a non-vacuous statement."""
+    """Smallest population at which some eps2 >= eps gives an ``ok`` (non-vacuous) statement.
+
+    The precondition is quasi-convex in eps2 (UAI: a decreasing and an increasing term; arXiv:
+    decreasing), so its minimum over the non-vacuous eps2 >= eps is found on a dense grid plus the
+    exact candidates (eps itself and the crossing of the two UAI terms), then confirmed.
+    """
     if not math.isfinite(eps):
         return None
     start = max(eps, 1e-9)
     if start >= _EPS_MAX:
         return None
-    grid = np.unique(np.concatenate([[start], np.geomspace(start, _EPS_MAX, 4000)]))
-    if version == "uai" and start <= 0.2:
-        grid = np.unique(np.concatenate([grid, [0.2, np.nextafter(0.2, 1.0)]]))
+    pts = [start, *np.geomspace(start, _EPS_MAX, 4000), *_boundary_points(delta, version)]
+    grid = np.asarray([p for p in pts if p >= start])
     a, b = theorem1_ab(grid, delta, version)
     n = precondition_n(grid, delta, version)
     ok = (a < 1) & (b < 1) & (b >= 0) & np.isfinite(n)
     if not ok.any():
         return None
-    if version == "uai":
-        # the exact minimiser of the quasi-convex precondition (crossing of its two terms) if reachable
-        cand = n[ok]
-        best = float(np.min(cand))
-        try:
-            iv = None
-            lo, hi = 1.0, float(best)
-            # refine: smallest integer N with a non-empty admissible interval above eps and ok statement
-            while hi - lo > 1:
-                mid = math.floor((lo + hi) / 2)
-                st = _statement(eps, delta, mid, version)
-                if st["status"] == "ok":
-                    hi = mid
-                else:
-                    lo = mid
-            iv = hi
-            if _statement(eps, delta, int(iv), version)["status"] == "ok":
-                return int(iv)
-        except ValueError:
-            pass
-        return int(math.ceil(best))
-    return int(math.ceil(float(np.min(n[ok]))))
+    n_best = max(1, int(math.ceil(float(np.min(n[ok])) * (1 + 1e-12))))
+    for k in range(64):  # confirm against the statement itself (guards rounding at the boundary)
+        if _statement(eps, delta, n_best + k, version)["status"] == "ok":
+            return n_best + k
+    return None
+
+
+def _boundary_points(delta: float, version: str) -> list[float]:
+    """Exact points where the statement's best eps2 can sit: the precondition's minimiser (UAI), both
+    sides of eps = 1/5 (UAI), and just below the vacuity threshold of a (a < 1)."""
+    if version == "arxiv":
+        return [float(np.nextafter(1.0 / 9.0, 0.0))]
+    pts = [0.2, float(np.nextafter(0.2, 1.0)), float(np.nextafter(math.log(5.4), 0.0))]
+    try:
+        pts.append(_uai_crossing(delta))
+    except ValueError:
+        pass
+    return pts
+
+
+@functools.lru_cache(maxsize=1024)
+def _uai_crossing(delta: float) -> float:
+    """eps where the two terms of Lemma 1's precondition are equal (the precondition's minimiser)."""
+    def t_diff(e):
+        t1 = 2.0 / (0.077 * e ** 2) * math.log(43.0 / (254.0 * math.exp(-1.7 * e) * delta))
+        t2 = 200.0 / math.log(0.9 * (1.0 - 0.9 * math.exp(-e))) * math.log(9.0 * math.exp(-e) * delta / 48180.0)
+        return t1 - t2
+
+    return brentq(t_diff, 1e-6, _EPS_MAX, xtol=1e-14, rtol=1e-13)
 
 
 def _statement(eps: float, delta: float, population: int, version: str) -> dict:
@@ -221,8 +226,70 @@ def generalization_statement(epsilon, delta, population, version: str = "uai") -
 
 
 def statement_curve(epsilons, delta, population, version: str = "uai") -> list[dict]:
-    """Statements for a whole epsilon curve (one dict per round)."""
-    return [generalization_statement(e, delta, population, version) for e in np.asarray(epsilons, dtype=float)]
+    """Statements for a whole epsilon curve (one dict per round), vectorised.
+
+    Same rule as :func:`generalization_statement`; the candidates for eps2 are the smallest admissible
+    value and (UAI) the point just above 1/5, and ``n_min`` takes the minimum of the precondition
+    over the non-vacuous eps2 >= eps on a 4000-point grid plus eps itself (exact at eps and at the
+    precondition's minimiser, which is on the grid).
+    """
+    _check_version(version)
+    eps = np.asarray(epsilons, dtype=float).ravel()
+    _validate(0.0, delta, population)
+    d, n = float(delta), int(population)
+    eps = np.where(np.isnan(eps), np.inf, eps)
+    if (eps < 0).any():
+        raise PrivacyInputError("epsilon", float(eps[eps < 0][0]), "must be >= 0")
+    iv = _admissible_interval(float(n), d, version)
+    out_status = np.full(eps.size, "no-statement", dtype=object)
+    a_out = np.full(eps.size, np.nan)
+    b_out = np.full(eps.size, np.nan)
+    e_out = np.full(eps.size, np.nan)
+    if iv is not None:
+        lo, hi = iv
+        s_ = np.maximum(eps, lo)
+        admissible = np.isfinite(eps) & (s_ <= hi)
+        a1, b1 = theorem1_ab(np.where(admissible, s_, 1.0), d, version)
+        ok1 = admissible & (a1 < 1) & (b1 < 1) & (b1 >= 0)
+        a_best, b_best, e_best, ok_best = a1, b1, s_, ok1
+        if version == "uai":
+            e2 = float(np.nextafter(0.2, 1.0))
+            use2 = admissible & (s_ <= 0.2) & (hi > 0.2)
+            a2, b2 = theorem1_ab(e2, d, version)
+            ok2 = use2 & (a2 < 1) & (b2 < 1) & (b2 >= 0)
+            better = ok2 & (~ok1 | (a2 < a1))
+            a_best = np.where(better, a2, a1)
+            b_best = np.where(better, b2, b1)
+            e_best = np.where(better, e2, s_)
+            ok_best = ok1 | ok2
+        out_status = np.where(admissible, np.where(ok_best, "ok", "vacuous"), "no-statement").astype(object)
+        a_out = np.where(admissible, a_best, np.nan)
+        b_out = np.where(admissible, b_best, np.nan)
+        e_out = np.where(admissible, e_best, np.nan)
+    # n_min: suffix minimum of the precondition over non-vacuous grid points
+    grid = np.unique(np.concatenate([np.geomspace(1e-9, _EPS_MAX, 4000), _boundary_points(d, version)]))
+    ga, gb = theorem1_ab(grid, d, version)
+    gn = precondition_n(grid, d, version)
+    gn = np.where((ga < 1) & (gb < 1) & (gb >= 0) & np.isfinite(gn), gn, np.inf)
+    suffix = np.minimum.accumulate(gn[::-1])[::-1]
+    idx = np.searchsorted(grid, eps, side="left")
+    after = np.where(idx < grid.size, suffix[np.minimum(idx, grid.size - 1)], np.inf)
+    ea, eb = theorem1_ab(np.where(np.isfinite(eps), np.maximum(eps, 1e-9), 1.0), d, version)
+    at = np.where(np.isfinite(eps) & (ea < 1) & (eb < 1) & (eb >= 0),
+                  precondition_n(np.maximum(eps, 1e-9), d, version), np.inf)
+    nmin = np.minimum(after, at)
+    rows = []
+    for i in range(eps.size):
+        st = out_status[i]
+        rows.append(dict(
+            status=str(st),
+            a=None if st == "no-statement" else float(a_out[i]),
+            b=None if st == "no-statement" else float(b_out[i]),
+            eps_used=None if st == "no-statement" else float(e_out[i]),
+            n_min=None if not np.isfinite(nmin[i]) else int(math.ceil(nmin[i] * (1 + 1e-12))),
+            version=version, epsilon=float(eps[i]), delta=d, population=n,
+        ))
+    return rows
 
 
 def corollary3_curve(populations, delta=None, version: str = "uai") -> dict:

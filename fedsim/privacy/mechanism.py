@@ -260,8 +260,10 @@ def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:
     sensitivity) are jointly one Gaussian mechanism with
     ``z_eff = (sum_i z_i^-2)^(-1/2)`` (scale each coordinate block by 1/std_i: the L2 sensitivity of
     the concatenation is ``sqrt(sum_i (Delta_i/s_i)^2)``). Composing before sampling is exact for the
-    worst case and much tighter than composing the sampled releases separately. The result keeps the
-    first mechanism's clip and diameter and carries ``z_eff`` relative to them.
+    worst case. Accounting the releases as separately sampled events would UNDER-report epsilon: each
+    would get its own amplification by sampling although the same clients are in all of them (the
+    test suite shows the gap). The result keeps the first mechanism's clip and diameter and carries
+    ``z_eff`` relative to them.
     """
     mechs = list(mechanisms)
     if not mechs:

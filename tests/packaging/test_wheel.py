@@ -17,17 +17,14 @@ def test_wheel_installs_namespaced_packages(tmp_path):
     wheels = list(dist.glob("fedsim-*.whl"))
     assert len(wheels) == 1
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])], check=True)
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    # the wheel's contents go into the fresh environment; its dependencies come from this one (a plain path
-    # entry, so this environment's editable-install hook is *not* active there)
-    import zipfile
-
-    with zipfile.ZipFile(wheels[0]) as zf:
-        zf.extractall(site)
-    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # fedsim comes from the wheel; its dependencies from this environment (a plain path entry, so this
+    # environment's editable-install hook is *not* active there)
+    (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     code = (
         "import fedsim, fedsim.strategies, fedsim.scenarios, fedsim.privacy, fedsim.engine.runner;"
         "from fedsim.scenarios import available_scenarios, load_scenario;"

@@ -1,0 +1,252 @@
+"""``fedsim privacy``: per-round epsilon by accountant, audit of the paper bounds, generalization.
+
+Examples::
+
+    fedsim privacy --population 1000 --clients-per-round 100 --sampling fixed \\
+        --noise-multiplier 1.0 --clip 1.0 --rounds 1000 --delta 1e-5
+    fedsim privacy --population 1000 --sampling-rate 0.1 --rounds 500 --delta 1e-5 --target-epsilon 3
+    fedsim privacy ... --json
+
+Also runnable as ``python -m fedsim.privacy.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import numpy as np
+
+from .accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve
+from .errors import PrivacyInputError
+from .mechanism import SAMPLINGS, Mechanism
+
+__all__ = ["add_parser", "build_parser", "run", "main"]
+
+# mechanism/accountant field -> command-line option, for error messages
+_OPTION = {
+    "population": "--population",
+    "sampling": "--sampling",
+    "sampling_rate": "--sampling-rate",
+    "clients_per_round": "--clients-per-round",
+    "sampling_rate/clients_per_round": "--clients-per-round/--sampling-rate",
+    "clip": "--clip",
+    "noise_multiplier": "--noise-multiplier",
+    "noise_placement": "--noise-placement",
+    "rounds": "--rounds",
+    "delta": "--delta",
+    "method": "--methods",
+    "target_epsilon": "--target-epsilon",
+}
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--population", type=int, required=True, help="number of clients in the population")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--clients-per-round", type=int, help="clients per round (fixed) or expected (poisson)")
+    g.add_argument("--sampling-rate", type=float, help="sampling probability q in (0, 1]")
+    p.add_argument("--sampling", default="poisson", help=f"one of {', '.join(SAMPLINGS)} (default poisson)")
+    p.add_argument("--noise-multiplier", type=float, default=None,
+                   help="Gaussian noise std on the sum / clip (required unless --target-epsilon)")
+    p.add_argument("--clip", type=float, default=1.0, help="L2 clip of one client's update (default 1)")
+    p.add_argument("--noise-placement", default="central", help="central or distributed (default central)")
+    p.add_argument("--rounds", type=int, required=True, help="number of rounds T")
+    p.add_argument("--delta", type=float, default=1e-5, help="target delta in (0, 1) (default 1e-5)")
+    p.add_argument("--methods", nargs="+", default=list(ACCOUNTANTS), metavar="METHOD",
+                   help=f"accountants to run (default all): {', '.join(ACCOUNTANTS)}")
+    p.add_argument("--target-epsilon", type=float, default=None,
+                   help="calibrate: print the noise multiplier meeting this epsilon after --rounds, per method")
+    p.add_argument("--json", action="store_true", help="machine-readable output: per-round arrays for every method")
+    p.set_defaults(func=run)
+    return p
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``privacy`` on an argparse subparsers object (``func=run``)."""
+    p = subparsers.add_parser(
+        "privacy", help="epsilon per round by accountant, paper-bound audit, generalization statements",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return _configure(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return _configure(argparse.ArgumentParser(prog="fedsim privacy", description=__doc__,
+                                              formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def _checkpoints(T: int) -> list[int]:
+    pts = {1, T}
+    k = 10
+    while k < T:
+        pts.add(k)
+        k *= 10
+    for f in (0.25, 0.5, 0.75):
+        pts.add(max(1, int(round(T * f))))
+    return sorted(pts)
+
+
+def _finite(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def _fail(option: str, message: str) -> int:
+    print(f"fedsim privacy: error: {option}: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``privacy`` subcommand; returns the exit code (2 on invalid input, no traceback)."""
+    try:
+        return _run(args)
+    except PrivacyInputError as e:
+        return _fail(_OPTION.get(e.field, "--" + str(e.field).replace("_", "-")), f"{e.value!r} is invalid: {e.allowed}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .audit import audit_closed_forms
+    from .calibration import calibrate_noise
+    from .generalization import statement_curve
+
+    methods = list(dict.fromkeys(args.methods))
+    for m in methods:
+        if m not in ACCOUNTANTS:
+            raise PrivacyInputError("method", m, f"must be one of {', '.join(ACCOUNTANTS)}")
+    if args.rounds is None or args.rounds < 1:
+        raise PrivacyInputError("rounds", args.rounds, "must be an integer >= 1")
+    if not (0 < args.delta < 1):
+        raise PrivacyInputError("delta", args.delta, "must be in (0, 1)")
+    if args.noise_multiplier is None and args.target_epsilon is None:
+        raise PrivacyInputError("noise_multiplier", None, "required (or give --target-epsilon to calibrate)")
+    z = args.noise_multiplier if args.noise_multiplier is not None else 1.0
+    mech = Mechanism(
+        population=args.population, sampling=args.sampling, sampling_rate=args.sampling_rate,
+        clients_per_round=args.clients_per_round, clip=args.clip, noise_multiplier=z,
+        noise_placement=args.noise_placement,
+    )
+    T, delta = int(args.rounds), float(args.delta)
+
+    calibration = None
+    if args.target_epsilon is not None:
+        if not (args.target_epsilon > 0 and math.isfinite(args.target_epsilon)):
+            raise PrivacyInputError("target_epsilon", args.target_epsilon, "must be a positive finite number")
+        calibration = {m: calibrate_noise(mech, args.target_epsilon, delta, T, m) for m in methods}
+        if args.noise_multiplier is None:
+            cert = [calibration[m] for m in methods if m in CERTIFIED and calibration[m] is not None]
+            if not cert:
+                cert = [calibration[m] for m in ("pld",) if calibration.get(m) is not None]
+            if not cert:
+                cert = [calibrate_noise(mech, args.target_epsilon, delta, T, "pld")]
+            mech = mech.replace(noise_multiplier=min(c for c in cert if c is not None))
+
+    curves = {m: compute_curve(mech, T, delta, m) for m in methods}
+    cert_method = next((m for m in ("pld", "rdp", "kairouz", "igmm-corrected", "basic") if m in curves), "pld")
+    cert_curve = curves[cert_method] if cert_method in curves else compute_curve(mech, T, delta, cert_method)
+    gen = {v: statement_curve(cert_curve.epsilon, delta, mech.population, v) for v in ("uai", "arxiv")}
+    audit = audit_closed_forms(mech, T, delta) if any(m in PAPER_BOUNDS for m in methods) else {}
+
+    if args.json:
+        doc = dict(
+            mechanism=dict(mech.to_dict(), q=mech.q, expected_cohort=mech.expected_cohort,
+                           neighbouring=mech.neighbouring, sensitivity=mech.sensitivity, noise_std=mech.noise_std),
+            rounds=T, delta=delta, certified_method=cert_method,
+            methods={m: c.to_dict() for m, c in curves.items()},
+            generalization=gen,
+            audit={k: {kk: _jsonable(vv) for kk, vv in v.items()} for k, v in audit.items()},
+            calibration=calibration, target_epsilon=args.target_epsilon,
+        )
+        json.dump(doc, sys.stdout, indent=None, allow_nan=False, default=_jsonable)
+        sys.stdout.write("\n")
+        return 0
+
+    print(_human(mech, T, delta, curves, cert_method, gen, audit, calibration, args.target_epsilon))
+    return 0
+
+
+def _jsonable(v):
+    if isinstance(v, (np.floating, float)):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.ndarray):
+        return [_jsonable(x) for x in v.tolist()]
+    return v
+
+
+def _cell(x: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.4g}"
+
+
+def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target) -> str:
+    lines = []
+    samp = {"poisson": f"Poisson q={mech.q:.4g}", "fixed": f"fixed tau={mech.tau:g} (q={mech.q:.4g})",
+            "all": "everyone"}[mech.sampling]
+    lines.append(
+        f"population {mech.population}, {samp}, {mech.neighbouring}, clip {mech.clip:g}, "
+        f"noise multiplier {mech.noise_multiplier:.4g} (std {mech.noise_std:.4g} on the sum, {mech.noise_placement}), "
+        f"delta {delta:g}, {T} rounds"
+    )
+    if calibration is not None:
+        lines.append("")
+        lines.append(f"noise multiplier for epsilon <= {target:g} after {T} rounds:")
+        for m, z in calibration.items():
+            tag = "" if m in CERTIFIED else "  (paper bound, not a certificate)"
+            lines.append(f"  {m:<15} {'no statement' if z is None else f'{z:.4g}'}{tag}")
+    lines.append("")
+    names = list(curves)
+    header = ["round"] + [n + ("*" if n in PAPER_BOUNDS else "") for n in names] + ["gen (UAI, from " + cert_method + ")"]
+    rows = []
+    for t in _checkpoints(T):
+        row = [str(t)]
+        for n in names:
+            c = curves[n]
+            e = c.epsilon[t - 1]
+            row.append(_cell(e) if math.isfinite(e) else ("undef" if "undefined" in str(c.status[t - 1]) else "none"))
+        g = gen["uai"][t - 1]
+        if g["status"] == "ok":
+            row.append(f"ok: P(|gap|>{g['a']:.3g})<{g['b']:.2g}")
+        elif g["status"] == "vacuous":
+            row.append(f"vacuous (a={g['a']:.3g})")
+        else:
+            row.append(f"none: needs N>={g['n_min']}" if g["n_min"] else "none")
+        rows.append(row)
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    lines.append("  ".join(h.rjust(w) if i < len(header) - 1 else h for i, (h, w) in enumerate(zip(header, widths))))
+    for r in rows:
+        lines.append("  ".join(v.rjust(w) if i < len(r) - 1 else v for i, (v, w) in enumerate(zip(r, widths))))
+    lines.append("")
+    lines.append("epsilon at the given delta; * = paper bound (not a certificate); undef = the printed bound is "
+                 "undefined there; none = no statement at this delta")
+    for n in names:
+        for note in curves[n].notes:
+            if n in CERTIFIED and note:
+                lines.append(f"{n}: {note}")
+    g_last = gen["uai"][-1]
+    lines.append(f"generalization (UAI Thm 1) after round {T}: {g_last['status']}; the statement needs "
+                 f"N >= {g_last['n_min'] if g_last['n_min'] else 'no population (epsilon too large)'}")
+    g_ax = gen["arxiv"][-1]
+    lines.append(f"generalization (arXiv Thm 1) after round {T}: {g_ax['status']}"
+                 + (f" (a={g_ax['a']:.3g}, b={g_ax['b']:.2g})" if g_ax["status"] == "ok" else ""))
+    if audit:
+        lines.append("")
+        lines.append(f"audit after round {T}:")
+        for m, a in audit.items():
+            lines.append(f"  {m}: {a['verdict']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
