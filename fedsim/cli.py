@@ -111,6 +111,12 @@ def _print_summary(console: Any, result: Any) -> None:
         f"IGMM Theorem 7 as printed: {'undefined' if igmm is None else f'{igmm:.3f}'} (paper bound, not a "
         "certificate)"
     )
+    if result.run_dir:
+        import json
+
+        audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
+        for method, verdict in audit.get("verdicts", {}).items():
+            console.print(f"audit {method}: {verdict}")
     console.print(f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}")
     if result.run_dir:
         console.print(f"run directory: {result.run_dir}")

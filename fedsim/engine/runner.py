@@ -255,4 +255,23 @@ def _summary(
         "certified": "epsilon is certified by dp-accounting; paper_epsilon_* are closed-form paper bounds "
         "shown for comparison (igmm as printed is not a valid certificate; see `fedsim privacy`)",
         "timings": timings,
+        "paper_bounds_audit": _audit(scenario, strategy),
     }
+
+
+def _audit(scenario: Scenario, strategy: DPFedAvg) -> dict[str, Any]:
+    """Verdicts on the closed-form paper bounds for the scenario's nominal mechanism, and how many clients
+    the generalization statement would need (``None``: no population suffices at this epsilon)."""
+    from fedsim.privacy.audit import audit_closed_forms
+    from fedsim.privacy.generalization import min_population
+
+    population = strategy.population or 0
+    out: dict[str, Any] = {}
+    try:
+        mech = strategy.mechanism(population)
+        audit = audit_closed_forms(mech, scenario.rounds, scenario.privacy.delta)
+        out["verdicts"] = {k: v.get("verdict") for k, v in audit.items() if isinstance(v, dict)}
+        out["min_population_for_statement"] = min_population(mech, scenario.rounds, scenario.privacy.delta)
+    except Exception as exc:  # the audit explains paper bounds; it must never cost a run its results
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
