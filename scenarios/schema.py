@@ -31,6 +31,8 @@ class DataConfig(_Section):
     num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
     synthetic_alpha: float = Field(1.0, ge=0)
     synthetic_beta: float = Field(1.0, ge=0)
+    synthetic_min_samples: int | None = Field(None, ge=1, description="synthetic: fewest examples per client")
+    synthetic_max_samples: int | None = Field(None, ge=1, description="synthetic: most examples per client")
 
 
 class ModelConfig(_Section):

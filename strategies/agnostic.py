@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import Message
 
 from fedsim.privacy import Mechanism
-from fedsim.privacy.aggregation import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, make_rng, private_mean
+from fedsim.privacy.aggregation import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, id_array, make_rng, private_mean
 
 from .dpfedavg import MET_LOSS, DPFedAvg, RoundPlan, _reply_metric
 
@@ -117,7 +117,7 @@ class DPAgnosticFedAvg(DPFedAvg):
         return np.maximum(self._domain_sizes * model.q, 1e-12)
 
     def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
-        ids = np.sort(np.fromiter((int(c) for c in client_ids), dtype=np.int64))
+        ids = id_array(client_ids)
         if self._domain_sizes is None:
             doms = np.array([self.domain(c) for c in ids], dtype=np.int64)
             self._domain_sizes = np.bincount(doms, minlength=self.num_domains).astype(np.float64)

@@ -37,6 +37,7 @@ from fedsim.privacy.aggregation import (
     STREAM_SAMPLING,
     PartialSum,
     flatten,
+    id_array,
     make_rng,
     noise_share_std,
     private_mean,
@@ -223,7 +224,7 @@ class DPFedAvg(Strategy):
     # ------------------------------------------------------------------ engine-facing API
     def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
         """Check the budget, sample the cohort and fix the round's clip. Raises :class:`BudgetExhausted`."""
-        ids = np.sort(np.fromiter((int(c) for c in client_ids), dtype=np.int64))
+        ids = id_array(client_ids)
         population = int(self.population or ids.size)
         if ids.size == 0:
             raise ValueError("no clients are available to sample from")
@@ -259,7 +260,6 @@ class DPFedAvg(Strategy):
         replies; ``missing``: sampled clients whose reply never arrived (counted as rejected, zero update).
         """
         partial.reject(missing)
-        model = plan.mechanism
         mean, server_std = self._noised_mean(plan, partial)
         new_weights = self.server_optimizer.step(weights, mean)
         metrics: dict[str, Any] = {
@@ -384,7 +384,7 @@ class DPFedAvg(Strategy):
     ) -> Iterable[Message]:
         if self.fraction_evaluate == 0.0:
             return []
-        nodes = np.sort(np.fromiter((int(n) for n in grid.get_node_ids()), dtype=np.int64))
+        nodes = id_array(grid.get_node_ids())
         k = max(1, int(round(self.fraction_evaluate * nodes.size)))
         rng = make_rng(self.seed, server_round, STREAM_SAMPLING, 1)
         chosen = np.sort(rng.choice(nodes, size=min(k, nodes.size), replace=False))

@@ -46,6 +46,8 @@ def build_data(scenario: Scenario) -> Any:
     if d.dataset == "synthetic":
         options["synthetic_alpha"] = d.synthetic_alpha
         options["synthetic_beta"] = d.synthetic_beta
+        options["synthetic_min_samples"] = d.synthetic_min_samples
+        options["synthetic_max_samples"] = d.synthetic_max_samples
     if d.partitioner == "pathological":
         options["num_classes_per_partition"] = d.classes_per_client
     if d.partitioner == "shard":
@@ -109,7 +111,7 @@ def build_engine(scenario: Scenario, data: Any, settings: TrainSettings) -> Any:
             data, settings, num_workers=e.num_workers, num_cpus=e.num_cpus_per_worker,
             num_gpus=e.num_gpus_per_worker, address=e.ray_address,
         )
-    raise ValueError(f"engine.name={e.name!r} is not available for `fedsim run`; use 'ray' or 'local'")
+    raise ValueError(f"engine.name={e.name!r} has no in-loop engine; allowed here: 'ray', 'local'")
 
 
 def _paper_bounds(strategy: DPFedAvg, population: int, rounds: int, delta: float) -> dict[str, np.ndarray]:
@@ -142,6 +144,41 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
     )
 
 
+def evaluation_columns(
+    data: Any, train_rows: np.ndarray, heldout_rows: np.ndarray | None
+) -> dict[str, Any]:
+    """Client-level loss/accuracy on training and held-out clients, their gap, and per-domain metrics."""
+    tr = client_means(train_rows)
+    cols: dict[str, Any] = {"train_loss": tr["loss"], "train_accuracy": tr["accuracy"]}
+    if heldout_rows is not None:
+        ho = client_means(heldout_rows)
+        cols.update(
+            heldout_loss=ho["loss"],
+            heldout_accuracy=ho["accuracy"],
+            gap_loss=ho["loss"] - tr["loss"],
+            gap_accuracy=tr["accuracy"] - ho["accuracy"],
+        )
+    if data.num_domains > 1:
+        cols["domains_train"] = domain_means(train_rows, data)
+        cols["worst_domain_train_loss"] = max(d["loss"] for d in cols["domains_train"] if d["clients"])
+        if heldout_rows is not None:
+            cols["domains_heldout"] = domain_means(heldout_rows, data)
+            cols["worst_domain_heldout_loss"] = max(d["loss"] for d in cols["domains_heldout"] if d["clients"])
+    return cols
+
+
+def privacy_columns(
+    round_: int, epsilon: float, bounds: dict[str, np.ndarray], delta: float, population: int
+) -> dict[str, Any]:
+    """The paper bounds beside the certified epsilon, and the generalization statement it implies."""
+    cols: dict[str, Any] = {}
+    for method in ("igmm", "igmm-corrected"):
+        v = float(bounds[method][round_ - 1])
+        cols[f"paper_epsilon_{method}"] = v if math.isfinite(v) else None
+    cols["generalization"] = generalization_statement(epsilon, delta, population)
+    return cols
+
+
 def run_scenario(
     scenario: Scenario,
     out: str | Path | None = None,
@@ -151,9 +188,40 @@ def run_scenario(
     runs_root: str | Path = "runs",
     engine: Any = None,
 ) -> RunResult:
-    """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round."""
+    """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round.
+
+    ``engine``: an engine object to reuse (not closed here); by default the scenario's ``engine.name``
+    (``ray``, ``local`` or ``flower``: Flower's own Simulation Engine) is started and closed.
+    """
     t0 = time.perf_counter()
     run_dir = new_run_dir(scenario.name, out, runs_root) if write else None  # refuse a used --out first
+    writer = RunWriter(run_dir) if run_dir else None
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if writer:
+            writer.append_row(row)
+        if on_row:
+            on_row(row)
+
+    if writer:
+        writer.write_text("config.toml", scenario_to_toml(scenario))
+    if engine is None and scenario.engine.name == "flower":
+        from .flower_engine import FlowerEngine
+
+        try:
+            res = FlowerEngine(
+                num_cpus_per_client=scenario.engine.num_cpus_per_worker,
+                num_gpus_per_client=scenario.engine.num_gpus_per_worker,
+            ).run(scenario, on_row=emit)
+        finally:
+            if writer:
+                writer.close()
+        result = RunResult(run_dir, rows, res.weights, res.strategy, res.stopped_reason, res.timings)
+        _finish(writer, scenario, result)
+        return result
+
     data = build_data(scenario)
     settings = TrainSettings.from_scenario(scenario)
     train_ids = np.asarray(data.train_clients)
@@ -163,17 +231,13 @@ def run_scenario(
     weights = initial_weights(settings, data.input_dim, data.num_classes)
     delta, rounds = scenario.privacy.delta, scenario.rounds
     bounds = _paper_bounds(strategy, population, rounds, delta)
-
-    writer = RunWriter(run_dir) if run_dir else None
     if writer:
-        writer.write_text("config.toml", scenario_to_toml(scenario))
         writer.write_json("data.json", data.describe())
 
     own_engine = engine is None
     t_engine = time.perf_counter()
     engine = engine or build_engine(scenario, data, settings)
     timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
-    rows: list[dict[str, Any]] = []
     stopped: str | None = None
     t_rounds = time.perf_counter()
     try:
@@ -195,46 +259,32 @@ def run_scenario(
             if client_metrics:
                 row["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
             if t % scenario.engine.eval_every == 0 or t == rounds:
-                tr_rows = engine.evaluate(train_ids, weights)
-                ho_rows = engine.evaluate(heldout_ids, weights) if heldout_ids.size else None
-                tr = client_means(tr_rows)
-                ho = client_means(ho_rows) if ho_rows is not None else None
-                if data.num_domains > 1:
-                    row["domains_train"] = domain_means(tr_rows, data)
-                    row["worst_domain_train_loss"] = max(d["loss"] for d in row["domains_train"])
-                    if ho_rows is not None:
-                        row["domains_heldout"] = domain_means(ho_rows, data)
-                        row["worst_domain_heldout_loss"] = max(
-                            d["loss"] for d in row["domains_heldout"] if d["clients"]
-                        )
-                row.update(train_loss=tr["loss"], train_accuracy=tr["accuracy"])
-                if ho is not None:
-                    row.update(
-                        heldout_loss=ho["loss"],
-                        heldout_accuracy=ho["accuracy"],
-                        gap_loss=ho["loss"] - tr["loss"],
-                        gap_accuracy=tr["accuracy"] - ho["accuracy"],
-                    )
-            for method in ("igmm", "igmm-corrected"):
-                v = float(bounds[method][t - 1])
-                row[f"paper_epsilon_{method}"] = v if math.isfinite(v) else None
-            row["generalization"] = generalization_statement(row["epsilon"], delta, population)
+                row.update(evaluation_columns(
+                    data,
+                    engine.evaluate(train_ids, weights),
+                    engine.evaluate(heldout_ids, weights) if heldout_ids.size else None,
+                ))
+            row.update(privacy_columns(t, row["epsilon"], bounds, delta, population))
             row["round_time_s"] = time.perf_counter() - t_round
-            rows.append(row)
-            if writer:
-                writer.append_row(row)
-            if on_row:
-                on_row(row)
+            emit(row)
     finally:
         if own_engine:
             engine.close()
         timings["rounds_s"] = time.perf_counter() - t_rounds
         timings["total_s"] = time.perf_counter() - t0
         if writer:
-            writer.write_json("ledger.json", strategy.ledger.to_dict())
-            writer.write_json("summary.json", _summary(scenario, rows, strategy, stopped, timings))
             writer.close()
-    return RunResult(run_dir, rows, weights, strategy, stopped, timings)
+        result = RunResult(run_dir, rows, weights, strategy, stopped, timings)
+        _finish(writer, scenario, result)
+    return result
+
+
+def _finish(writer: RunWriter | None, scenario: Scenario, result: RunResult) -> None:
+    if writer:
+        writer.write_json("ledger.json", result.strategy.ledger.to_dict())
+        writer.write_json(
+            "summary.json", _summary(scenario, result.rows, result.strategy, result.stopped_reason, result.timings)
+        )
 
 
 def _summary(

@@ -4,6 +4,11 @@
 the same object the Ray engine drives; each round's release is recorded in its ledger and the certified
 epsilon is logged. With ``server-eval = true`` in the run config (simulation only: the server then reads the
 scenario's data), the global model is evaluated on training and held-out clients after each round.
+
+Other run-config keys: ``min-nodes`` (wait until that many SuperNodes are connected; default 1),
+``population`` (the mechanism's population; default: the number of connected nodes), ``ledger-path``.
+Nodes are addressed by the training client they hold (:class:`~fedsim.flower.grid.ClientIdGrid`), so the
+strategy samples client ids with its seeded generator, as in fedsim's own engines.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from .apps import load_for_run, model_arrays
+from .grid import ClientIdGrid
 
 app = ServerApp()
 
@@ -45,6 +51,8 @@ def main(grid: Grid, context: Context) -> None:
         return MetricRecord({"train_accuracy": tr["accuracy"], "heldout_accuracy": ho["accuracy"],
                              "train_loss": tr["loss"], "heldout_loss": ho["loss"], "epsilon": eps})
 
+    min_nodes = max(1, int(context.run_config.get("min-nodes", 1)))
+    grid = ClientIdGrid(grid, min_nodes=min_nodes, connect_timeout=600.0)
     strategy.start(grid=grid, initial_arrays=initial, num_rounds=scenario.rounds, evaluate_fn=evaluate_fn)
     if strategy.stopped_reason:
         log(INFO, "%s", strategy.stopped_reason)

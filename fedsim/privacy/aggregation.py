@@ -46,6 +46,16 @@ def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> np.rand
     return np.random.default_rng([int(seed), int(round_), int(stream), *(int(e) for e in extra)])
 
 
+def id_array(client_ids: Any) -> np.ndarray:
+    """Sorted, unique client (or Flower node) ids as an integer array.
+
+    Flower's node ids are random unsigned 64-bit integers, which overflow ``int64``: those get ``uint64``.
+    """
+    values = sorted({int(c) for c in client_ids})
+    big = bool(values) and values[-1] > np.iinfo(np.int64).max
+    return np.asarray(values, dtype=np.uint64 if big else np.int64)
+
+
 def sample_cohort(
     client_ids: np.ndarray | list[int],
     sampling: str,
@@ -59,7 +69,7 @@ def sample_cohort(
     ``poisson``: each client independently with probability ``sampling_rate`` (may be empty);
     ``fixed``: exactly ``clients_per_round`` clients uniformly without replacement; ``all``: everyone.
     """
-    ids = np.sort(np.asarray(client_ids, dtype=np.int64))
+    ids = id_array(client_ids)
     if sampling == "poisson":
         if sampling_rate is None or not 0.0 < sampling_rate <= 1.0:
             raise ValueError(f"poisson sampling needs sampling_rate in (0, 1], got {sampling_rate!r}")

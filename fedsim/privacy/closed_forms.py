@@ -52,7 +52,6 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import bdtr
 
-from .gaussian import amplify_epsilon, gaussian_epsilon
 
 __all__ = [
     "igmm_theorem7",

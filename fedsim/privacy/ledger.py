@@ -13,7 +13,6 @@ round on top, so calling it after every round costs about two PLD convolutions p
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Iterable
@@ -21,7 +20,7 @@ from typing import Iterable
 import numpy as np
 
 from . import certified
-from .accountants import ACCOUNTANTS, compute_curve, per_step_epsilon, validate_delta, validate_method
+from .accountants import compute_curve, per_step_epsilon, validate_delta, validate_method
 from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 

@@ -65,7 +65,8 @@ class RunWriter:
         self._metrics.flush()
 
     def close(self) -> None:
-        self._metrics.close()
+        if not self._metrics.closed:
+            self._metrics.close()
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from scipy.stats import norm
 
 from fedsim.privacy import ACCOUNTANTS, Mechanism, PrivacyInputError, compose_same_cohort, compute_curve, epsilon_curve
 from fedsim.privacy.accountants import epsilon_at
-from fedsim.privacy.certified import rdp_epsilon, round_rdp
+from fedsim.privacy.certified import round_rdp
 from fedsim.privacy.gaussian import gaussian_delta, gaussian_epsilon
 
 

@@ -147,3 +147,10 @@ def test_flatten_roundtrip():
     assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(arrays, back))
     with pytest.raises(ValueError):
         unflatten(np.zeros(5), arrays)
+
+
+def test_flower_node_ids_beyond_int64_are_sampled():
+    big = [2**64 - 5, 2**63 + 7, 12, 2**63 + 1]
+    cohort = sample_cohort(big, "fixed", make_rng(0, 1, 1), clients_per_round=2)
+    assert cohort.size == 2 and {int(c) for c in cohort} <= set(big)
+    assert [int(c) for c in sample_cohort(big, "all", make_rng(0, 1, 1))] == sorted(big)

@@ -1,10 +1,9 @@
 """DPFedAvg: the Flower strategy and the engine-facing round API."""
 
-import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.privacy.aggregation import STREAM_NOISE, PartialSum, make_rng
@@ -86,7 +85,7 @@ def test_message_api_round_counts_bad_replies_and_they_never_reach_the_model():
 def test_missing_replies_are_counted():
     strat = DPFedAvg(sampling="all", noise_multiplier=1.0, seed=0)
     global_arrays = _arrays([np.zeros(3), np.zeros(2)])
-    msgs = list(strat.configure_train(1, global_arrays, ConfigRecord(), FakeGrid(range(1, 4))))
+    list(strat.configure_train(1, global_arrays, ConfigRecord(), FakeGrid(range(1, 4))))
     arrays, metrics = strat.aggregate_train(1, [])
     assert metrics["rejected"] == 3 and metrics["received"] == 0
     assert arrays is not None
