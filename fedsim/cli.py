@@ -95,11 +95,8 @@ def _print_summary(console: Any, result: Any) -> None:
     last = rows[-1]
     gen = last.get("generalization", {})
     t = result.timings
-    console.print(
-        f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s "
-        f"(setup {t.get('setup_s', 0):.1f} s, engine start {t.get('engine_start_s', 0):.1f} s, "
-        f"rounds {t.get('rounds_s', 0):.1f} s)"
-    )
+    parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s")
+    console.print(f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts})")
     if last.get("heldout_accuracy") is not None:
         console.print(
             f"final: train acc {last['train_accuracy']:.3f}, held-out acc {last['heldout_accuracy']:.3f}, "
