@@ -1,5 +1,6 @@
 """A non-editable wheel install imports fedsim, fedsim.strategies and fedsim.scenarios (with its TOML files)."""
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -9,9 +10,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_installs_namespaced_packages(tmp_path):
+    # build from a clean copy: no shared build/ folder with another process, no stale files
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
         check=True, cwd=tmp_path,
     )
     wheels = list(dist.glob("fedsim-*.whl"))
@@ -32,7 +37,9 @@ def test_wheel_installs_namespaced_packages(tmp_path):
         "load_scenario('quickstart');"
         "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__)"
     )
-    out = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
     for line in out.split():
         assert line.startswith(str(site)), (line, site)
     assert "strategies" in out and "scenarios" in out
