@@ -162,8 +162,11 @@ class DPAgnosticFedAvg(DPFedAvg):
 
     # ------------------------------------------------------------------ Flower Message API
     def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
-        node = int(msg.metadata.src_node_id)
+        client = self._reply_client(msg)
         assert plan.client_weights is not None
-        partial.add(update, plan.clip, weight=plan.client_weights[node])
+        if client not in plan.client_weights:  # a reply from a node that was not sampled: never aggregated
+            partial.reject()
+            return
+        partial.add(update, plan.clip, weight=plan.client_weights[client])
         loss = min(max(_reply_metric(msg, MET_LOSS, 0.0), 0.0), 1.0)  # enforce the [0, 1] bound here too
-        partial.add_extra("domain_loss", self.domain(node), loss, self.num_domains)
+        partial.add_extra("domain_loss", self.domain(client), loss, self.num_domains)

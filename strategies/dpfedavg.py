@@ -177,6 +177,7 @@ class DPFedAvg(Strategy):
         self.history: list[dict[str, Any]] = []
         self.stopped_reason: str | None = None
         self._pending: tuple[RoundPlan, ArrayRecord] | None = None
+        self._node_to_client: dict[int, int] = {}
         # Validate the cohort arguments now, against a nominal population, so errors surface at construction.
         if population is not None:
             self.mechanism(population)
@@ -321,6 +322,8 @@ class DPFedAvg(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._pending = None
+        # A grid that addresses nodes by client id (fedsim.flower.grid.ClientIdGrid) says how to map replies back.
+        self._node_to_client = dict(getattr(grid, "node_to_client", {}) or {})
         if self.stopped_reason is not None:
             return []
         try:
@@ -370,6 +373,11 @@ class DPFedAvg(Strategy):
             array_dict={k: _array(a) for k, a in zip(keys, unflatten(new_weights, global_list), strict=True)}
         )
         return new_arrays, MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+
+    def _reply_client(self, msg: Message) -> int:
+        """The client id a reply comes from (its node id, mapped back when the grid renamed nodes)."""
+        node = int(msg.metadata.src_node_id)
+        return self._node_to_client.get(node, node)
 
     def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
         """Add one valid reply's update (``reply - global``) to the round's partial sum."""

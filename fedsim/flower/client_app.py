@@ -17,8 +17,8 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, clip_update, flatten, make_rng
-from fedsim.strategies.dpfedavg import CFG_CLIP, CFG_NOISE_STD, CFG_ROUND, MET_UNCLIPPED
+from fedsim.privacy.aggregation import flatten
+from fedsim.strategies.dpfedavg import CFG_CLIP, CFG_LOSS_BOUND, CFG_NOISE_STD, CFG_ROUND, MET_LOSS, MET_UNCLIPPED
 
 from .apps import load_for_run, model_arrays
 
@@ -57,27 +57,34 @@ def make_client_app(run_config_defaults: dict | None = None) -> ClientApp:
         config = next(iter(msg.content.config_records.values()))
         server_round = int(config.get(CFG_ROUND, 0))
         global_arrays, flat = _global(msg)
-        global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
-        update, metrics = trainer.train_one(cid, server_round, global_w)
-        update = update.double().cpu().numpy()
         share_std = float(config.get(CFG_NOISE_STD, 0.0))
-        unclipped = 1
-        if share_std > 0:  # distributed noise: clip and noise here, before the update leaves the client
-            clip = float(config[CFG_CLIP])
-            update, norm, finite = clip_update(update, clip)
-            if not finite:
+        loss_bound = config.get(CFG_LOSS_BOUND)
+        extra: dict[str, float] = {}
+        if share_std > 0:
+            # distributed noise: the trainer clips and adds this client's share before the update leaves it
+            partial, (metrics,) = trainer.train(
+                server_round, [cid], flat, float(config[CFG_CLIP]), share_std,
+                loss_bound=None if loss_bound is None else float(loss_bound),
+            )
+            if partial.rejected:
                 raise ValueError(f"client {cid}: local training produced a non-finite update")
-            unclipped = int(norm <= clip)
-            rng = make_rng(scenario.seed, server_round, STREAM_NOISE_SHARE, cid)
-            update = update + rng.normal(0.0, share_std, size=update.size)
+            update = partial.total
+            extra[MET_UNCLIPPED] = int(partial.unclipped)
+            if loss_bound is not None:
+                extra[MET_LOSS] = float(partial.extras["domain_loss"].sum())
+        else:  # central noise: the raw update goes to the server, which clips it (and counts unclipped norms)
+            global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
+            if loss_bound is not None:
+                trainer._load(global_w)
+                extra[MET_LOSS] = trainer.bounded_loss(cid, float(loss_bound))
+            update, metrics = trainer.train_one(cid, server_round, global_w)
+            update = update.double().cpu().numpy()
         # echo the server's array names so the reply matches the global model key for key
         new = model_arrays(trainer, flat + update).values()
         reply_arrays = ArrayRecord(
             array_dict={k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)}
         )
-        out = MetricRecord(
-            {"num-examples": metrics["num_examples"], "train_loss": metrics["train_loss"], MET_UNCLIPPED: unclipped}
-        )
+        out = MetricRecord({"num-examples": metrics["num_examples"], "train_loss": metrics["train_loss"], **extra})
         return Message(RecordDict({"arrays": reply_arrays, "metrics": out}), reply_to=msg)
 
     @app.evaluate()
