@@ -25,7 +25,6 @@ def _quiet_env() -> None:
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_DEDUP_LOGS": "0",
-        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     }.items():
         os.environ.setdefault(key, value)
 

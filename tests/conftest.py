@@ -11,7 +11,6 @@ for key, value in {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
 }.items():
     os.environ.setdefault(key, value)
 os.environ.setdefault("FLWR_HOME", os.path.join(_TMP, "flwr"))

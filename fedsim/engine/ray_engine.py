@@ -48,8 +48,11 @@ class _Worker:
     def __init__(self, data: Any, settings: TrainSettings, num_threads: int) -> None:
         import torch
 
+        import ray
+
         torch.set_num_threads(max(1, num_threads))
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # CUDA only when Ray assigned this actor a GPU (Ray then sets CUDA_VISIBLE_DEVICES for it)
+        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         self.trainer = ClientTrainer(data, settings, device=device)
 
     def info(self) -> dict[str, Any]:
