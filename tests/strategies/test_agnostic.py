@@ -100,3 +100,35 @@ def test_bad_configuration_is_refused():
     afl = _afl(client_domains={c: 0 for c in range(20)})
     with pytest.raises(ValueError, match="no training client"):
         afl.begin_round(1, np.arange(20))
+
+
+def test_message_api_weights_replies_by_client_and_collects_domain_losses(monkeypatch):
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
+
+    class Grid:  # what ClientIdGrid shows: client ids, and the node -> client map for the replies
+        node_to_client = {1000 + c: c for c in range(20)}
+
+        def get_node_ids(self):
+            return list(range(20))
+
+    afl = _afl(sampling="all", sampling_rate=None, noise_multiplier=1.0, loss_noise_multiplier=1.0)
+    arrays = ArrayRecord(array_dict={"w": Array(np.zeros(2, np.float32))})
+    msgs = list(afl.configure_train(1, arrays, ConfigRecord(), Grid()))
+    assert len(msgs) == 20 and float(msgs[0].content["config"]["fedsim.loss-bound"]) == pytest.approx(math.log(10))
+    replies = []
+    for m in msgs:
+        c = int(m.metadata.dst_node_id)
+        m.metadata.__dict__["_dst_node_id"] = 1000 + c  # as delivered to the real node
+        content = RecordDict({"arrays": ArrayRecord(array_dict={"w": Array(np.ones(2, np.float32) * 0.1)}),
+                              "metrics": MetricRecord({"num-examples": 3, "fedsim.loss": [0.1, 0.2, 0.9][DOMAINS[c]]})})
+        reply = Message(content, reply_to=m)
+        reply.metadata.__dict__["_src_node_id"] = 1000 + c
+        replies.append(reply)
+    new, metrics = afl.aggregate_train(1, replies)
+    assert metrics["received"] == 20 and metrics["rejected"] == 0
+    # lambda moved toward domain 2 (the highest reported loss)
+    assert afl.lam[2] > 0.1 and len(afl.ledger) == 2
