@@ -51,6 +51,11 @@ def id_array(client_ids: Any) -> np.ndarray:
 
     Flower's node ids are random unsigned 64-bit integers, which overflow ``int64``: those get ``uint64``.
     """
+    if isinstance(client_ids, np.ndarray) and client_ids.dtype.kind in "iu":
+        ids = client_ids.ravel()
+        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # already sorted and unique (the usual case)
+            return ids
+        return np.unique(ids)
     values = sorted({int(c) for c in client_ids})
     big = bool(values) and values[-1] > np.iinfo(np.int64).max
     return np.asarray(values, dtype=np.uint64 if big else np.int64)

@@ -1,5 +1,6 @@
 """A non-editable wheel install imports fedsim, fedsim.strategies and fedsim.scenarios (with its TOML files)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,10 @@ def test_wheel_installs_namespaced_packages(tmp_path):
         "load_scenario('quickstart');"
         "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__)"
     )
-    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    # Flower's Ray backend puts the app directory (this repository) on os.environ["PYTHONPATH"] when a
+    # simulation runs in this process; the fresh environment must not see the source tree
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
     for line in out.split():

@@ -1,0 +1,525 @@
+"""Engine benchmark: fedsim's RayEngine vs Flower's Simulation Engine, side by side in one run.
+
+Workload: MNIST-1D generated with 50,000 examples over 1,000 clients (Dirichlet), an MLP with one hidden
+layer of 100 units, Poisson sampling with 100 expected clients per round, 1 local epoch of batch 16, clip 1,
+noise multiplier 1, 30 rounds.
+
+* fedsim: ``run_scenario`` with the Ray engine (2 workers x 1 CPU), vectorize off and on;
+* Flower: ``flwr.simulation.run_simulation`` (2 CPUs, 1 CPU per ClientApp) with Flower's own
+  ``DifferentialPrivacyServerSideFixedClipping`` wrapping ``FedAvg`` (fraction_train=0.1 of 1,000 nodes);
+* floors: a plain single-process PyTorch loop and a plain single-process ``torch.func`` version.
+
+Data generation and partitioning are done once, before any engine is timed, and are excluded from every
+end-to-end figure (Flower's ClientApps load the same partition from an ``.npz`` file; fedsim gets the
+same ``FederatedData`` object); their time is printed separately.
+
+Also: achieved training FLOP/s per core of a small CNN (``cnn1d`` on MNIST-1D) against a matrix-multiply
+peak measured in the same run.
+
+    python benchmarks/engine.py                 # full size (several minutes)
+    python benchmarks/engine.py --quick         # smoke run
+    python benchmarks/engine.py --skip-flower --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+# ---------------------------------------------------------------- environment (before flwr / ray imports)
+_TMP = tempfile.mkdtemp(prefix="fedsim-bench-")
+for _k, _v in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_DEDUP_LOGS": "0",
+}.items():
+    os.environ.setdefault(_k, _v)
+os.environ.setdefault("FLWR_HOME", os.path.join(_TMP, "flwr"))
+os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
+
+import numpy as np
+import torch
+
+STEADY_SKIP = 3  # rounds excluded from the steady state
+
+
+# ---------------------------------------------------------------- workload
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        size = {"num_samples": 5000, "num_clients": 100, "per_round": 10, "rounds": args.rounds or 6}
+    else:
+        size = {"num_samples": 50_000, "num_clients": 1000, "per_round": 100, "rounds": args.rounds or 30}
+    return {**size, "alpha": 0.5, "hidden": 100, "epochs": 1, "batch": 16, "lr": 0.1, "clip": 1.0, "z": 1.0,
+            "seed": 0}
+
+
+def build_data(w: dict[str, Any]) -> Any:
+    from fedsim.data import build_federated_data
+
+    return build_federated_data(
+        "mnist1d", num_clients=w["num_clients"], partitioner="dirichlet", alpha=w["alpha"],
+        heldout_fraction=0.0, num_samples=w["num_samples"], seed=w["seed"],
+    )
+
+
+def scenario(w: dict[str, Any], vectorize: bool, engine: str = "ray") -> Any:
+    from fedsim.scenarios import Scenario
+
+    return Scenario.model_validate({
+        "name": "bench-engine",
+        "seed": w["seed"],
+        "rounds": w["rounds"],
+        "data": {"dataset": "mnist1d", "num_clients": w["num_clients"], "partitioner": "dirichlet",
+                 "alpha": w["alpha"], "heldout_fraction": 0.0, "num_samples": w["num_samples"]},
+        "model": {"name": "mlp", "hidden": [w["hidden"]]},
+        "client": {"local_epochs": w["epochs"], "batch_size": w["batch"], "lr": w["lr"], "optimizer": "sgd"},
+        "privacy": {"sampling": "poisson", "clients_per_round": w["per_round"], "clip": w["clip"],
+                    "noise_multiplier": w["z"], "accountant": "pld"},
+        "engine": {"name": engine, "num_workers": 2, "num_cpus_per_worker": 1.0, "vectorize": vectorize,
+                   "eval_every": 10**9},
+    })
+
+
+def steady(times: list[float]) -> float:
+    t = times[STEADY_SKIP:] or times
+    return float(np.mean(t)) if t else math.nan
+
+
+# ---------------------------------------------------------------- fedsim
+def run_fedsim(w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray") -> dict[str, Any]:
+    import ray
+
+    from fedsim.engine import runner
+
+    sc = scenario(w, vectorize, engine)
+    original = runner.build_data
+    runner.build_data = lambda _s: data  # the prepared data (its preparation is timed separately)
+    t0 = time.perf_counter()
+    try:
+        res = runner.run_scenario(sc, write=False)
+    finally:
+        runner.build_data = original
+    e2e = time.perf_counter() - t0
+    if ray.is_initialized():
+        ray.shutdown()
+    rows = res.rows
+    # the last round always evaluates the model (run_scenario); keep it out of the steady state
+    body = rows[:-1] if len(rows) > STEADY_SKIP + 1 else rows
+    rt = [r["round_time_s"] for r in body]
+    tt = [r["train_time_s"] for r in body]
+    cohorts = [r["cohort"] for r in body]
+    s = steady(rt)
+    return {
+        "name": f"fedsim {'Ray' if engine == 'ray' else 'Local (1 proc)'} (vectorize={'on' if vectorize else 'off'})",
+        "s_round": s,
+        "train_s_round": steady(tt),
+        "updates_s": float(np.mean(cohorts[STEADY_SKIP:] or cohorts)) / s,
+        "e2e": e2e,
+        "startup": res.timings.get("setup_s", 0.0) + res.timings.get("engine_start_s", 0.0),
+        "first": float(sum(rt[:STEADY_SKIP])),
+        "rounds": len(rows),
+    }
+
+
+# ---------------------------------------------------------------- Flower
+def _bench_cache() -> dict:
+    """A per-process cache that survives however Flower ships the ClientApp (by reference or by value)."""
+    import types
+
+    mod = sys.modules.get("_fedsim_bench_cache")
+    if mod is None:
+        mod = types.ModuleType("_fedsim_bench_cache")
+        mod.store = {}  # type: ignore[attr-defined]
+        sys.modules["_fedsim_bench_cache"] = mod
+    return mod.store  # type: ignore[attr-defined]
+
+
+def make_flower_client_app():
+    """Our ClientApp: trains the MLP on its partition (``partition-id``), returns the whole model."""
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        import numpy as np
+        import torch
+
+        from fedsim.models import build_model
+
+        cache = _bench_cache()
+        if "data" not in cache:
+            torch.set_num_threads(1)
+            z = np.load(os.environ["FEDSIM_BENCH_DATA"])
+            cache["data"] = {k: z[k] for k in z.files}
+        d = cache["data"]
+        pid = int(context.node_config["partition-id"])
+        rows = d["rows"][d["offsets"][pid] : d["offsets"][pid + 1]]
+        x = torch.as_tensor(d["x"][rows])
+        y = torch.as_tensor(d["y"][rows])
+        hidden, lr, batch, epochs = (int(d["hidden"]), float(d["lr"]), int(d["batch"]), int(d["epochs"]))
+        model = cache.get("model")
+        if model is None:
+            model = cache["model"] = build_model("mlp", x.shape[1], 10, hidden=[hidden])
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        n = int(y.shape[0])
+        model.train()
+        for _ in range(epochs):
+            order = torch.randperm(n)
+            for s in range(0, n, batch):
+                idx = order[s : s + batch]
+                opt.zero_grad()
+                loss_fn(model(x[idx]), y[idx]).backward()
+                opt.step()
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                              "metrics": MetricRecord({"num-examples": n})})
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+def make_flower_server_app(w: dict[str, Any], stamps_path: str):
+    from flwr.app import ArrayRecord, Context, MetricRecord
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+    from fedsim.models import build_model
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        torch.manual_seed(w["seed"])
+        model = build_model("mlp", 40, 10, hidden=[w["hidden"]])
+        fedavg = FedAvg(fraction_train=w["per_round"] / w["num_clients"], fraction_evaluate=0.0,
+                        min_train_nodes=w["per_round"], min_evaluate_nodes=0,
+                        min_available_nodes=w["num_clients"])
+        strategy = DifferentialPrivacyServerSideFixedClipping(
+            fedavg, noise_multiplier=w["z"], clipping_norm=w["clip"], num_sampled_clients=w["per_round"]
+        )
+
+        def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            with open(stamps_path, "a") as f:
+                f.write(f"{server_round} {time.time()}\n")
+            return None
+
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=w["rounds"],
+                       evaluate_fn=evaluate_fn)
+
+    return app
+
+
+def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
+    import logging
+
+    import ray
+    from flwr.simulation import run_simulation
+
+    path = os.path.join(_TMP, "partition.npz")
+    np.savez(path, x=data.x, y=data.y, rows=data._rows, offsets=data._offsets, hidden=w["hidden"], lr=w["lr"],
+             batch=w["batch"], epochs=w["epochs"])
+    os.environ["FEDSIM_BENCH_DATA"] = path
+    stamps = os.path.join(_TMP, "flower-stamps.txt")
+    if os.path.exists(stamps):
+        os.remove(stamps)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    wall0 = time.time()
+    run_simulation(
+        server_app=make_flower_server_app(w, stamps),
+        client_app=make_flower_client_app(),
+        num_supernodes=w["num_clients"],
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                        "init_args": {"num_cpus": 2, "num_gpus": 0}},
+    )
+    e2e = time.perf_counter() - t0
+    if ray.is_initialized():
+        ray.shutdown()
+    with open(stamps) as fh:
+        marks = sorted((int(a), float(b)) for a, b in (ln.split() for ln in fh if ln.strip()))
+    ts = [b for _, b in marks]
+    per_round = list(np.diff(ts))
+    if len(per_round) < w["rounds"]:
+        print(f"WARNING: Flower completed {len(per_round)} of {w['rounds']} rounds", flush=True)
+    s = steady(per_round)
+    return {"name": "Flower sim + DP server-side fixed clipping", "s_round": s, "train_s_round": s,
+            "updates_s": w["per_round"] / s, "e2e": e2e, "startup": ts[0] - wall0 if ts else math.nan,
+            "first": float(sum(per_round[:STEADY_SKIP])),
+            "rounds": len(per_round)}
+
+
+# ---------------------------------------------------------------- floors
+class _Floor:
+    """Shared set-up of the floors: the client tensors in memory, the same sampling and noise rule."""
+
+    def __init__(self, w: dict[str, Any], data: Any) -> None:
+        from fedsim.models import build_model
+
+        self.w, self.data = w, data
+        self.ids = np.arange(data.num_clients)
+        self.q = w["per_round"] / data.num_clients
+        self.xs = [torch.as_tensor(data.client_data(int(c))[0]) for c in self.ids]
+        self.ys = [torch.as_tensor(data.client_data(int(c))[1]) for c in self.ids]
+        torch.manual_seed(w["seed"])
+        self.model = build_model("mlp", data.input_dim, data.num_classes, hidden=[w["hidden"]])
+        self.params = list(self.model.parameters())
+        self.flat = torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+        self.rng = np.random.default_rng(123)
+        self.gen = torch.Generator().manual_seed(123)
+
+    def cohort(self) -> np.ndarray:
+        return self.ids[self.rng.random(self.ids.size) < self.q]
+
+    def finish(self, total: torch.Tensor) -> None:
+        noise = torch.randn(total.shape, generator=self.gen) * (self.w["z"] * self.w["clip"])
+        self.flat += (total + noise) / self.w["per_round"]
+
+
+def floor_loop(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
+    f = _Floor(w, data)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times, cohorts = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        cohort = f.cohort()
+        total = torch.zeros_like(f.flat)
+        for c in cohort:
+            torch.nn.utils.vector_to_parameters(f.flat.clone(), f.params)
+            opt = torch.optim.SGD(f.params, lr=w["lr"])
+            x, y = f.xs[c], f.ys[c]
+            n = y.shape[0]
+            for _e in range(w["epochs"]):
+                order = torch.randperm(n, generator=f.gen)
+                for s in range(0, n, w["batch"]):
+                    idx = order[s : s + w["batch"]]
+                    opt.zero_grad()
+                    loss_fn(f.model(x[idx]), y[idx]).backward()
+                    opt.step()
+            delta = torch.nn.utils.parameters_to_vector(f.params).detach() - f.flat
+            total += delta * min(1.0, w["clip"] / (float(delta.norm()) + 1e-12))
+        f.finish(total)
+        times.append(time.perf_counter() - t)
+        cohorts.append(cohort.size)
+    s = steady(times)
+    return {"name": "floor: plain PyTorch loop (1 proc, 1 thr)", "s_round": s, "train_s_round": s,
+            "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s, "e2e": math.nan, "startup": math.nan,
+            "first": float(sum(times[:STEADY_SKIP])),
+            "rounds": rounds}
+
+
+def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
+    from torch.func import functional_call, grad, vmap
+
+    f = _Floor(w, data)
+    names = [n for n, _ in f.model.named_parameters()]
+    shapes = [p.shape for p in f.params]
+    numels = [p.numel() for p in f.params]
+    bsz = w["batch"]
+
+    def loss(p, x, y, m):
+        out = functional_call(f.model, p, (x,))
+        return (torch.nn.functional.cross_entropy(out, y, reduction="none") * m).sum() / m.sum().clamp_min(1)
+
+    step = vmap(grad(loss))
+    times, cohorts = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        cohort = f.cohort()
+        k = cohort.size
+        x_all = torch.cat([f.xs[c] for c in cohort])
+        y_all = torch.cat([f.ys[c] for c in cohort])
+        sizes = [f.ys[c].shape[0] for c in cohort]
+        n_steps = max(math.ceil(n / bsz) for n in sizes)
+        params = {nm: t_.reshape(sh).expand(k, *sh).clone() for nm, t_, sh in
+                  zip(names, torch.split(f.flat, numels), shapes, strict=True)}
+        for _e in range(w["epochs"]):
+            idx = torch.zeros(k, n_steps * bsz, dtype=torch.long)
+            msk = torch.zeros(k, n_steps * bsz)
+            off = 0
+            for j, n in enumerate(sizes):
+                idx[j, :n] = torch.randperm(n, generator=f.gen) + off
+                msk[j, :n] = 1
+                off += n
+            idx = idx.view(k, n_steps, bsz)
+            msk = msk.view(k, n_steps, bsz)
+            for s in range(n_steps):
+                bi = idx[:, s]
+                g = step(params, x_all[bi], y_all[bi], msk[:, s])
+                for nm in names:
+                    params[nm].sub_(g[nm], alpha=w["lr"])  # a client with no real example has zero grad
+        delta = torch.cat([params[nm].reshape(k, -1) for nm in names], 1) - f.flat
+        scale = (w["clip"] / (delta.norm(dim=1) + 1e-12)).clamp(max=1.0)
+        f.finish((delta * scale[:, None]).sum(0))
+        times.append(time.perf_counter() - t)
+        cohorts.append(k)
+    s = steady(times)
+    return {"name": "floor: plain torch.func vmap (1 proc, 1 thr)", "s_round": s, "train_s_round": s,
+            "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s, "e2e": math.nan, "startup": math.nan,
+            "first": float(sum(times[:STEADY_SKIP])),
+            "rounds": rounds}
+
+
+# ---------------------------------------------------------------- FLOP/s of a small CNN
+def flops_report(w: dict[str, Any], data: Any) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.engine.vectorized import train_vectorized
+    from fedsim.models import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        n = 2048
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        torch.mm(a, b)
+        reps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 2.0:
+            torch.mm(a, b)
+            reps += 1
+        peak = 2 * n**3 * reps / (time.perf_counter() - t)
+
+        # plain loop: one client's batch-16 step, forward + backward + SGD
+        torch.manual_seed(0)
+        model = build_model("cnn1d", data.input_dim, data.num_classes)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.as_tensor(np.array(data.x[: w["batch"]]))
+        y = torch.as_tensor(np.array(data.y[: w["batch"]]))
+
+        def one_step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        with FlopCounterMode(display=False) as fc:
+            one_step()
+        step_flops = fc.get_total_flops()
+        for _ in range(20):
+            one_step()
+        reps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 2.0:
+            one_step()
+            reps += 1
+        loop_rate = step_flops * reps / (time.perf_counter() - t)
+
+        # fedsim's vectorised path: 100 clients of the workload, cnn1d, 1 epoch of batch 16
+        settings = TrainSettings(model="cnn1d", model_kwargs={}, local_epochs=1, batch_size=w["batch"],
+                                 lr=0.1, seed=0, vectorize=True)
+        trainer = ClientTrainer(data, settings, device="cpu")
+        gw = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)
+        cids = [int(c) for c in np.arange(0, data.num_clients, max(1, data.num_clients // 100))]
+        list(train_vectorized(trainer, 1, cids, gw))  # warm-up (and fills the client cache)
+        # useful FLOPs: the per-example FLOPs of a plain training step times the real examples processed
+        # (FlopCounterMode over the vmapped step is not used: it miscounts the grouped convolutions that
+        # vmap turns the per-client convolutions into, giving more than 100% of peak)
+        real = sum(int(trainer.data.num_examples(c)) for c in cids)
+        vec_flops = step_flops / w["batch"] * real
+        padded = sum(math.ceil(int(trainer.data.num_examples(c)) / w["batch"]) * w["batch"] for c in cids)
+        reps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 3.0 or reps < 2:
+            list(train_vectorized(trainer, 1, cids, gw))
+            reps += 1
+        vec_rate = vec_flops * reps / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    print("\nSmall CNN (cnn1d on MNIST-1D), 1 thread")
+    print(f"  matmul peak (torch.mm {n}x{n} fp32)          : {peak / 1e9:8.2f} GFLOP/s")
+    print(f"  plain loop, batch {w['batch']} ({step_flops / 1e6:.2f} MFLOP/step) : {loop_rate / 1e9:8.2f} GFLOP/s"
+          f" = {100 * loop_rate / peak:5.1f}% of peak  {'PASS' if loop_rate >= 0.4 * peak else 'MISS'} (target 40%)")
+    print(f"  fedsim vectorized, {len(cids)} clients         : {vec_rate / 1e9:8.2f} GFLOP/s"
+          f" = {100 * vec_rate / peak:5.1f}% of peak  {'PASS' if vec_rate >= 0.4 * peak else 'MISS'} (target 40%)"
+          f"  [useful FLOPs only; {100 * (padded - real) / padded:.0f}% of batch slots are masked padding]")
+
+
+# ---------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=None, help="rounds per engine (default 30; quick: 6)")
+    p.add_argument("--skip-flower", action="store_true", help="do not run Flower's Simulation Engine")
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    p.add_argument("--skip-flops", action="store_true", help="skip the FLOP/s report")
+    p.add_argument("--worker-niceness", type=int, default=None,
+                   help="set RAY_worker_niceness for both engines (Ray's default: 15, which starves Ray workers "
+                   "on a machine shared with other busy processes)")
+    args = p.parse_args(argv)
+    if args.worker_niceness is not None:
+        os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
+    w = workload(args)
+    print(f"workload: {w}")
+    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} torch threads,"
+          f" load average {os.getloadavg()[0]:.2f} at start,"
+          f" RAY_worker_niceness={os.environ.get('RAY_worker_niceness', '(Ray default 15)')}")
+    t = time.perf_counter()
+    data = build_data(w)
+    sizes = data.num_examples_array(np.arange(data.num_clients))
+    print(f"data prepared once in {time.perf_counter() - t:.1f} s (excluded from end-to-end figures); "
+          f"examples per client min {sizes.min()} median {np.median(sizes):.0f} max {sizes.max()}", flush=True)
+
+    results = []
+    for vec in (False, True):
+        r = run_fedsim(w, data, vec)
+        print(f"  done: {r['name']}: {r['s_round']:.4f} s/round, e2e {r['e2e']:.1f} s", flush=True)
+        results.append(r)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = run_fedsim(w, data, True, engine="local")
+    finally:
+        torch.set_num_threads(threads)
+    print(f"  done: {local['name']}: {local['s_round']:.4f} s/round, e2e {local['e2e']:.1f} s", flush=True)
+    flower = None
+    if not args.skip_flower:
+        flower = run_flower(w, data)
+        print(f"  done: {flower['name']}: {flower['s_round']:.4f} s/round, e2e {flower['e2e']:.1f} s", flush=True)
+        results.append(flower)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # single process, single thread: OpenMP threads thrash on a busy 2-core machine
+    try:
+        loop = floor_loop(w, data, w["rounds"])
+        func = floor_func(w, data, w["rounds"])
+    finally:
+        torch.set_num_threads(threads)
+    results += [local, loop, func]
+
+    print(f"\nsteady state = mean over rounds {STEADY_SKIP + 1}..; end to end = engine start-up + all rounds"
+          " + shutdown; startup: fedsim = run_scenario set-up + Ray start, Flower = until the ServerApp's first"
+          " evaluate_fn call (its workers start during round 1)")
+    print(f"{'engine':46s} {'updates/s':>10s} {'s/round':>9s} {'train s/rnd':>11s} {'end-to-end s':>12s}"
+          f" {'startup s':>9s} {'rounds 1-3 s':>12s}")
+    for r in results:
+        print(f"{r['name']:46s} {r['updates_s']:10.1f} {r['s_round']:9.4f} {r['train_s_round']:11.4f}"
+              f" {r['e2e']:12.1f} {r['startup']:9.1f} {r['first']:12.3f}")
+
+    best = min(results[:2], key=lambda r: r["s_round"])
+    print(f"\nfedsim configuration used for the ratios: {best['name']}")
+    if flower is not None:
+        up = best["updates_s"] / flower["updates_s"]
+        e2e = flower["e2e"] / best["e2e"]
+        print(f"  updates/s, fedsim / Flower (steady state) : {up:7.1f}x  target >= 40x  {'PASS' if up >= 40 else 'MISS'}")
+        print(f"  end to end, Flower / fedsim               : {e2e:7.1f}x  target >= 4x   {'PASS' if e2e >= 4 else 'MISS'}")
+    fl = best["s_round"] / func["s_round"]
+    print(f"  s/round, fedsim / torch.func floor        : {fl:7.2f}x  target <= 1.5x {'PASS' if fl <= 1.5 else 'MISS'}")
+    print(f"  (fedsim engine-only train time / floor    : {best['train_s_round'] / func['s_round']:7.2f}x;"
+          " the rest of a fedsim round is noise, server step and privacy accounting)")
+    print(f"  s/round, plain loop floor / torch.func floor: {loop['s_round'] / func['s_round']:7.2f}x")
+    print(f"  s/round, fedsim LocalEngine (1 thread) / torch.func floor: {local['s_round'] / func['s_round']:7.2f}x"
+          " (same run_scenario loop, no Ray)")
+    if not args.skip_flops:
+        flops_report(w, data)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew all figures)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
