@@ -11,6 +11,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_installs_namespaced_packages(tmp_path):
+    # Flower's Ray backend puts the app directory (this repository) on os.environ["PYTHONPATH"] when a
+    # simulation runs in this process: with it, pip would take the source tree's fedsim.egg-info for an
+    # installed fedsim and skip the wheel. Nothing here may see the source tree.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     # build from a clean copy: no shared build/ folder with another process, no stale files
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
@@ -18,16 +22,17 @@ def test_wheel_installs_namespaced_packages(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        check=True, cwd=tmp_path,
+        check=True, cwd=tmp_path, env=env,
     )
     wheels = list(dist.glob("fedsim-*.whl"))
     assert len(wheels) == 1
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])],
+                   check=True, env=env, cwd=tmp_path)
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+                               check=True, capture_output=True, text=True, env=env).stdout.strip())
     # fedsim comes from the wheel; its dependencies from this environment (a plain path entry, so this
     # environment's editable-install hook is *not* active there)
     (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -38,9 +43,6 @@ def test_wheel_installs_namespaced_packages(tmp_path):
         "load_scenario('quickstart');"
         "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__)"
     )
-    # Flower's Ray backend puts the app directory (this repository) on os.environ["PYTHONPATH"] when a
-    # simulation runs in this process; the fresh environment must not see the source tree
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
