@@ -253,9 +253,12 @@ class DPFedAvg(Strategy):
         return RoundPlan(server_round, cohort, population, self.clip, model, share, releases)
 
     def finish_round(
-        self, plan: RoundPlan, weights: np.ndarray, partial: PartialSum, missing: int = 0
+        self, plan: RoundPlan, weights: np.ndarray, partial: PartialSum, missing: int = 0, account: bool = True
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Noise, average, apply the server optimizer, adapt the clip, record the releases.
+
+        ``account=False`` leaves ``metrics["epsilon"]`` to the caller (the runner computes it in a background
+        thread while the next round trains; the releases are in the ledger either way).
 
         ``weights``: the flat global model the cohort trained from; ``partial``: the clipped sum of the
         replies; ``missing``: sampled clients whose reply never arrived (counted as rejected, zero update).
@@ -280,7 +283,7 @@ class DPFedAvg(Strategy):
         for name, mech in plan.releases:
             self.ledger.record(round=plan.round, mechanism=mech, name=name)
         self._after_release(plan, partial, metrics)
-        metrics["epsilon"] = self.epsilon()
+        metrics["epsilon"] = self.epsilon() if account else None
         self.history.append(metrics)
         return new_weights, metrics
 

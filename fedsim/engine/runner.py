@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -240,8 +241,27 @@ def run_scenario(
     timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
     stopped: str | None = None
     t_rounds = time.perf_counter()
+    # The certified epsilon of round t is computed in a background thread while round t+1 trains (the
+    # workers run in other processes or release the GIL); row t is written once it is known, before round
+    # t+1's release enters the ledger. With max_epsilon set, the budget check needs it first: no overlap.
+    accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
+    pending: tuple[dict[str, Any], Future] | None = None
+
+    def settle() -> None:
+        nonlocal pending
+        if pending is None:
+            return
+        row, future = pending
+        pending = None
+        row["epsilon"] = strategy.history[row["round_index"]]["epsilon"] = float(future.result())
+        del row["round_index"]
+        row.update(privacy_columns(row["round"], row["epsilon"], bounds, delta, population))
+        emit(row)
+
     try:
         for t in range(1, rounds + 1):
+            if scenario.privacy.max_epsilon is not None:
+                settle()
             try:
                 plan = strategy.begin_round(t, train_ids)
             except BudgetExhausted as exc:
@@ -249,25 +269,33 @@ def run_scenario(
                 break
             t_round = time.perf_counter()
             partial, client_metrics = engine.train(plan, weights)
-            weights, m = strategy.finish_round(plan, weights, partial)
+            settle()  # round t-1's epsilon, computed while this round trained
+            weights, m = strategy.finish_round(plan, weights, partial, account=False)
             row: dict[str, Any] = {
                 **m,
                 "delta": delta,
                 "accountant": scenario.privacy.accountant,
                 "train_time_s": time.perf_counter() - t_round,
+                "round_index": len(strategy.history) - 1,
             }
             if client_metrics:
                 row["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
+            pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
                 row.update(evaluation_columns(
                     data,
                     engine.evaluate(train_ids, weights),
                     engine.evaluate(heldout_ids, weights) if heldout_ids.size else None,
                 ))
-            row.update(privacy_columns(t, row["epsilon"], bounds, delta, population))
             row["round_time_s"] = time.perf_counter() - t_round
-            emit(row)
+        settle()
     finally:
+        if pending is not None:  # an error in round t+1 must not cost round t its row
+            try:
+                settle()
+            except Exception:  # noqa: BLE001 - the original error is the one to raise
+                pass
+        accountant.shutdown(wait=True)
         if own_engine:
             engine.close()
         timings["rounds_s"] = time.perf_counter() - t_rounds
