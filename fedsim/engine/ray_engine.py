@@ -101,6 +101,11 @@ class RayEngine:
     ) -> None:
         import ray
 
+        import warnings
+
+        # Ray 2.55 announces a future change of its GPU-hiding default on every init; fedsim relies on the
+        # current behaviour (CPU-only actors see no GPU) and says so here instead of on every run.
+        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
         self._owns_ray = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {

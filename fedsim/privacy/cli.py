@@ -229,8 +229,9 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
             if n in CERTIFIED and note:
                 lines.append(f"{n}: {note}")
     g_last = gen["uai"][-1]
-    lines.append(f"generalization (UAI Thm 1) after round {T}: {g_last['status']}; the statement needs "
-                 f"N >= {g_last['n_min'] if g_last['n_min'] else 'no population (epsilon too large)'}")
+    need = (f"the statement needs N >= {g_last['n_min']:,} clients" if g_last["n_min"]
+            else "no population size gives a statement at this epsilon (too large)")
+    lines.append(f"generalization (UAI Thm 1) after round {T}: {g_last['status']}; {need}")
     g_ax = gen["arxiv"][-1]
     lines.append(f"generalization (arXiv Thm 1) after round {T}: {g_ax['status']}"
                  + (f" (a={g_ax['a']:.3g}, b={g_ax['b']:.2g})" if g_ax["status"] == "ok" else ""))
