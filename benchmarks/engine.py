@@ -32,18 +32,10 @@ import time
 from typing import Any
 
 # ---------------------------------------------------------------- environment (before flwr / ray imports)
-_TMP = tempfile.mkdtemp(prefix="fedsim-bench-")
-for _k, _v in {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "RAY_DEDUP_LOGS": "0",
-}.items():
-    os.environ.setdefault(_k, _v)
-os.environ.setdefault("FLWR_HOME", os.path.join(_TMP, "flwr"))
-os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
+from fedsim.env import set_offline_defaults  # noqa: E402 - light module, before flwr / ray
+
+set_offline_defaults(private_state=True, prefix="fedsim-bench-")
+_TMP = tempfile.mkdtemp(prefix="fedsim-bench-")  # the benchmark's own files (partitions, timestamps)
 
 import numpy as np
 import torch

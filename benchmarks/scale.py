@@ -20,21 +20,12 @@ import argparse
 import os
 import resource
 import sys
-import tempfile
 import threading
 import time
 
-_TMP = tempfile.mkdtemp(prefix="fedsim-scale-")
-for _k, _v in {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-}.items():
-    os.environ.setdefault(_k, _v)
-os.environ.setdefault("FLWR_HOME", os.path.join(_TMP, "flwr"))
-os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
+from fedsim.env import set_offline_defaults  # noqa: E402 - light module, before flwr / ray
+
+set_offline_defaults(private_state=True, prefix="fedsim-scale-")
 
 import numpy as np
 

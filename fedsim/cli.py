@@ -10,23 +10,12 @@ Bad input exits with code 2 and a one-line (or one-block) message naming what wa
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from fedsim.env import set_offline_defaults
+
 EXIT_USAGE = 2
-
-
-def _quiet_env() -> None:
-    """No network, no telemetry: the defaults a simulator should have (the user can still override them)."""
-    for key, value in {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "RAY_DEDUP_LOGS": "0",
-    }.items():
-        os.environ.setdefault(key, value)
 
 
 def _fail(message: str) -> int:
@@ -147,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _quiet_env()
+    set_offline_defaults()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,28 @@
+"""Process environment for simulation: offline, no telemetry, Flower and Ray state in a temporary folder.
+
+Imports nothing heavy, so it can run before ``flwr`` or ``ray`` are imported. Values already set win.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+OFFLINE_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+def set_offline_defaults(private_state: bool = False, prefix: str = "fedsim-") -> None:
+    """Set :data:`OFFLINE_DEFAULTS`; with ``private_state``, also ``FLWR_HOME`` and a short ``RAY_TMPDIR``
+    (Ray's socket paths must stay short) in fresh temporary folders."""
+    for key, value in OFFLINE_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if private_state:
+        os.environ.setdefault("FLWR_HOME", os.path.join(tempfile.mkdtemp(prefix=prefix), "flwr"))
+        os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
