@@ -29,7 +29,8 @@ def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") ->
     """``out`` if given (it must not already hold a run), else a fresh ``runs/<timestamp>-<name>``."""
     if out is not None:
         path = Path(out)
-        if (path / "metrics.jsonl").exists():
+        metrics = path / "metrics.jsonl"
+        if metrics.exists() and metrics.stat().st_size > 0:  # an empty one is a run that failed to start
             raise ValueError(f"--out {path} already holds a run (metrics.jsonl); choose another folder")
         path.mkdir(parents=True, exist_ok=True)
         return path

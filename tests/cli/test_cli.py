@@ -84,3 +84,13 @@ def test_out_dir_holding_a_run_is_refused(tmp_path, capsys):
 def test_scenarios_command_lists_quickstart(capsys):
     assert main(["scenarios"]) == 0
     assert "quickstart" in capsys.readouterr().out
+
+
+def test_data_errors_name_the_scenario_key_and_the_out_dir_stays_usable(tmp_path, capsys):
+    args = ["run", "quickstart", "--out", str(tmp_path), "--set", "engine.name=local",
+            "--set", "data.partitioner=pathological", "--set", "data.classes_per_client=20", "--no-progress"]
+    assert main(args) == 2
+    assert "data.classes_per_client=20" in capsys.readouterr().err
+    # a run that failed before its first round leaves an empty metrics.jsonl: the folder can be reused
+    assert main(args) == 2
+    assert "already holds a run" not in capsys.readouterr().err
