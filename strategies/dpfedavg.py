@@ -51,7 +51,6 @@ from .server_opt import ServerOptimizer
 CFG_ROUND = "server-round"
 CFG_CLIP = "fedsim.clip"
 CFG_NOISE_STD = "fedsim.noise-share-std"
-CFG_NOISE_SEED = "fedsim.noise-seed"
 CFG_LOSS_BOUND = "fedsim.loss-bound"
 MET_UNCLIPPED = "fedsim.unclipped"
 MET_LOSS = "fedsim.loss"  # the client's loss of the global model, per example clipped to [0, bound] / bound
