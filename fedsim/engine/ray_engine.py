@@ -46,9 +46,8 @@ class _Worker:
     """The Ray actor: one ClientTrainer per actor, on the GPU Ray gave it (if any)."""
 
     def __init__(self, data: Any, settings: TrainSettings, num_threads: int) -> None:
-        import torch
-
         import ray
+        import torch
 
         torch.set_num_threads(max(1, num_threads))
         # CUDA only when Ray assigned this actor a GPU (Ray then sets CUDA_VISIBLE_DEVICES for it)
@@ -63,11 +62,11 @@ class _Worker:
 
     def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float,
               client_weights: dict[int, float] | None = None, loss_bound: float | None = None):
+        import ray
+
         partial, metrics = self.trainer.train(
             server_round, client_ids, weights, clip, share, client_weights, loss_bound
         )
-        import ray
-
         node = ray.get_runtime_context().get_node_id()
         for m in metrics:
             m["node"] = node
@@ -99,9 +98,9 @@ class RayEngine:
         num_gpus: float = 0.0,
         address: str | None = None,
     ) -> None:
-        import ray
-
         import warnings
+
+        import ray
 
         # Ray 2.55 announces a future change of its GPU-hiding default on every init; fedsim relies on the
         # current behaviour (CPU-only actors see no GPU) and says so here instead of on every run.

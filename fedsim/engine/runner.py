@@ -54,26 +54,22 @@ def build_data(scenario: Scenario) -> Any:
     if d.partitioner == "shard":
         options["num_shards_per_partition"] = d.shards_per_client
     try:
-        return _build_federated_data(d, scenario.seed, options)
+        return build_federated_data(
+            dataset=d.dataset,
+            num_clients=d.num_clients,
+            partitioner=d.partitioner,
+            alpha=d.alpha,
+            heldout_fraction=d.heldout_fraction,
+            seed=scenario.seed,
+            domains=d.domains,
+            **options,
+        )
     except ValueError as exc:  # name the scenario's keys, not the data layer's
         msg = str(exc)
         for inner, outer in (("num_classes_per_partition", "data.classes_per_client"),
                              ("num_shards_per_partition", "data.shards_per_client")):
             msg = msg.replace(inner, outer)
         raise ValueError(msg) from None
-
-
-def _build_federated_data(d: Any, seed: int, options: dict[str, Any]) -> Any:
-    return build_federated_data(
-        dataset=d.dataset,
-        num_clients=d.num_clients,
-        partitioner=d.partitioner,
-        alpha=d.alpha,
-        heldout_fraction=d.heldout_fraction,
-        seed=seed,
-        domains=d.domains,
-        **options,
-    )
 
 
 def build_strategy(scenario: Scenario, population: int | None, data: Any = None) -> DPFedAvg:

@@ -195,8 +195,11 @@ class ClientTrainer:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def bounded_loss(self, cid: int, bound: float) -> float:
-        """Mean over the client's examples of ``min(cross_entropy, bound) / bound`` for the loaded model."""
+    def bounded_loss(self, cid: int, bound: float, weights: np.ndarray | torch.Tensor | None = None) -> float:
+        """Mean over the client's examples of ``min(cross_entropy, bound) / bound`` for ``weights`` (default:
+        the model as loaded)."""
+        if weights is not None:
+            self._load(self._global(weights))
         x, y = self._tensors(cid)
         if y.shape[0] == 0:
             return 0.0

@@ -75,8 +75,7 @@ def make_client_app(run_config_defaults: dict | None = None) -> ClientApp:
         else:  # central noise: the raw update goes to the server, which clips it (and counts unclipped norms)
             global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
             if loss_bound is not None:
-                trainer._load(global_w)
-                extra[MET_LOSS] = trainer.bounded_loss(cid, float(loss_bound))
+                extra[MET_LOSS] = trainer.bounded_loss(cid, float(loss_bound), weights=global_w)
             update, metrics = trainer.train_one(cid, server_round, global_w)
             update = update.double().cpu().numpy()
         # echo the server's array names so the reply matches the global model key for key
