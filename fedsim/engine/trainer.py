@@ -1,12 +1,12 @@
 """Local training of clients: the code that runs inside every worker (Ray actor, Flower ClientApp, in-process).
 
 A :class:`ClientTrainer` keeps one model and the federated data, copies the global weights into the model in
-place, trains a list of clients one after the other (or together with ``torch.func`` when vectorised),
+place, trains a list of clients one after the other (or together when vectorised: :mod:`fedsim.engine.vectorized`),
 clips each update with :func:`fedsim.privacy.aggregation.clip_update` and returns only a
 :class:`~fedsim.privacy.aggregation.PartialSum` plus per-client metrics.
 
-Client randomness (batch order, distributed noise shares) comes from ``(seed, round, client_id)``, so the
-result does not depend on which worker trains which client.
+Client randomness (batch order: :mod:`fedsim.engine.shuffle`; distributed noise shares) comes from
+``(seed, round, client_id)``, so the result does not depend on which worker trains which client.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from fedsim.models import build_model
-from fedsim.privacy.aggregation import STREAM_CLIENT, STREAM_NOISE_SHARE, PartialSum, clip_update, make_rng
+from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, PartialSum, clip_update, make_rng
+
+from .shuffle import client_orders
 
 
 @dataclass(frozen=True)
@@ -120,20 +122,23 @@ class ClientTrainer:
         self._load(global_w)
         x, y = self._tensors(cid)
         n = int(y.shape[0])
-        gen = torch.Generator().manual_seed(
-            int(make_rng(s.seed, server_round, STREAM_CLIENT, cid).integers(2**62))
-        )
-        opt = torch.optim.SGD(self.params, lr=s.lr, momentum=s.momentum if s.optimizer == "momentum" else 0.0)
+        orders = torch.from_numpy(client_orders(s.seed, server_round, [cid], [n], s.local_epochs)).to(self.device)
+        # plain SGD (heavy-ball momentum with torch.optim.SGD's convention: buf = momentum * buf + grad,
+        # w -= lr * buf), written out: torch.optim's first use costs about a second of imports per process
+        lr, mom = float(s.lr), float(s.momentum) if s.optimizer == "momentum" else 0.0
+        bufs = [torch.zeros_like(p) for p in self.params] if mom else None
         loss_sum, steps = 0.0, 0
         self.model.train()
-        for _ in range(s.local_epochs):
-            order = torch.randperm(n, generator=gen).to(self.device)
+        for order in orders:
             for start in range(0, n, s.batch_size):
                 idx = order[start : start + s.batch_size]
-                opt.zero_grad(set_to_none=True)
                 loss = self.loss_fn(self.model(x[idx]), y[idx])
-                loss.backward()
-                opt.step()
+                grads = torch.autograd.grad(loss, self.params)
+                with torch.no_grad():
+                    for j, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+                        if bufs is not None:
+                            g = bufs[j].mul_(mom).add_(g)
+                        p.add_(g, alpha=-lr)
                 loss_sum += float(loss.detach())
                 steps += 1
         update = self._flat() - global_w

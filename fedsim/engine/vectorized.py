@@ -1,10 +1,12 @@
-"""Vectorised local training: many clients trained together with ``torch.func``.
+"""Vectorised local training: many clients trained together, each with its own copy of the model.
 
 :func:`train_vectorized` runs, for K clients at once, exactly the SGD of
 :meth:`fedsim.engine.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch
-size and the same batch order (a ``torch.Generator`` seeded from ``(seed, round, STREAM_CLIENT, cid)`` and one
-``torch.randperm(n)`` per epoch). The model's parameters are stacked along a leading client axis and one
-SGD step of every client is ``vmap(grad(loss))`` over that axis (``torch.func.functional_call``).
+size and the same batch order (:func:`fedsim.engine.shuffle.client_orders`, a function of
+``(seed, round, client id, epoch)``). The model's parameters are stacked along a leading client axis. For the
+registry's models one SGD step of every client is one forward of batched matrix products and one autograd
+pass (:mod:`fedsim.engine.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
+(``torch.func.functional_call``). Both give each client exactly its own gradient.
 
 Ragged clients: each client ``k`` takes ``ceil(n_k / batch_size)`` steps per epoch. Clients are sorted by
 that number (most steps first), so at step ``s`` of an epoch the clients still training are a prefix of the
@@ -18,14 +20,16 @@ Clients are processed in chunks (``chunk_size``, or sized from a memory budget) 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedsim.privacy.aggregation import STREAM_CLIENT, make_rng
+from .shuffle import client_orders
+from .stacked import stacked_forward
 
 #: bytes of per-client state (parameters, gradients, momentum, activations) one chunk may hold
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
@@ -39,41 +43,62 @@ def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:
     return max(1, min(MAX_CHUNK, memory_budget // per_client))
 
 
-def _make_step(model: torch.nn.Module):
-    def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-                count: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, params, (x,))
-        losses = F.cross_entropy(logits, y, reduction="none")
-        return (losses * mask).sum() / count
+def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """``step(params, x, y, mask, count) -> (grads, losses)`` for ``a`` clients (leading axis of every argument).
 
-    return vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0))
+    The loss of client k is ``sum(mask_k * cross_entropy) / count_k``. With a stacked forward
+    (:func:`fedsim.engine.stacked.stacked_forward`) one autograd pass over the sum of the clients' losses
+    gives each client's gradient; otherwise ``vmap(grad(functional_call(model)))``.
+    """
+    forward = stacked_forward(model)
+    if forward is None:
+        def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+                    count: torch.Tensor) -> torch.Tensor:
+            logits = functional_call(model, params, (x,))
+            losses = F.cross_entropy(logits, y, reduction="none")
+            return (losses * mask).sum() / count
+
+        return vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0))
+
+    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+             count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
+        with torch.enable_grad():
+            logits = forward(leaves, x)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+            losses = (ce.view(mask.shape) * mask).sum(1) / count
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True)), losses.detach()
+
+    return step
 
 
 def _batch_plan(
     trainer: Any, server_round: int, cids: list[int], sizes: list[int], offsets: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Index, mask and count tensors ``[epochs, steps, K, B]`` (indices into the chunk's concatenated data)."""
+    """Index, mask and count tensors ``[epochs, steps, K, B]`` (indices into the chunk's concatenated data).
+
+    The batch orders are :func:`fedsim.engine.shuffle.client_orders`, exactly those of ``train_one``.
+    """
     s = trainer.settings
     bsz = int(s.batch_size)
     epochs = int(s.local_epochs)
     k = len(cids)
-    steps = [math.ceil(n / bsz) for n in sizes]
-    max_steps = max(steps) if steps else 0
-    idx = torch.zeros((epochs, max_steps * bsz, k), dtype=torch.long)
-    mask = torch.zeros((epochs, max_steps * bsz, k), dtype=torch.float32)
-    for j, (cid, n, off) in enumerate(zip(cids, sizes, offsets, strict=True)):
-        gen = torch.Generator().manual_seed(
-            int(make_rng(s.seed, server_round, STREAM_CLIENT, cid).integers(2**62))
-        )
-        for e in range(epochs):
-            order = torch.randperm(n, generator=gen)
-            idx[e, :n, j] = order + off
-            mask[e, :n, j] = 1.0
-    # [E, S*B, K] -> [E, S, K, B]
-    idx = idx.view(epochs, max_steps, bsz, k).permute(0, 1, 3, 2).contiguous()
-    mask = mask.view(epochs, max_steps, bsz, k).permute(0, 1, 3, 2).contiguous()
-    count = mask.sum(-1).clamp_min(1.0)
-    return idx, mask, count, max_steps
+    n = np.asarray(sizes, dtype=np.int64)
+    max_steps = int(-(-n.max() // bsz)) if k else 0
+    orders = client_orders(s.seed, server_round, cids, n, epochs)  # [E, total], local indices
+    seg = np.repeat(np.arange(k), n)
+    pos = orders[0].copy()
+    pos[:] = np.arange(pos.size) - np.repeat(np.asarray(offsets, dtype=np.int64), n)  # position in the client
+    step, slot = pos // bsz, pos % bsz
+    idx = np.zeros((epochs, max_steps, k, bsz), dtype=np.int64)
+    mask = np.zeros((epochs, max_steps, k, bsz), dtype=np.float32)
+    glob = orders + np.repeat(np.asarray(offsets, dtype=np.int64), n)[None, :]
+    for e in range(epochs):
+        idx[e, step, seg, slot] = glob[e]
+        mask[e, step, seg, slot] = 1.0
+    mask_t = torch.from_numpy(mask)
+    return torch.from_numpy(idx), mask_t, mask_t.sum(-1).clamp_min(1.0), max_steps
 
 
 def _train_chunk(

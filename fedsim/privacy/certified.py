@@ -95,6 +95,20 @@ def round_pld(m: Mechanism, relation: str | None = None, discretization: float =
     return _pld_cached(float(std), float(q), rel, float(discretization))
 
 
+def round_fast_pld(m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION):
+    """:func:`round_pld` as a :class:`fedsim.privacy.fast_pld.FastPld` (cached): for per-round composition."""
+    relation = relation or m.neighbouring
+    std, q, rel = _pld_params(m, relation)
+    return _fast_pld_cached(float(std), float(q), rel, float(discretization))
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_pld_cached(std: float, q: float, relation: str, discretization: float):
+    from .fast_pld import FastPld
+
+    return FastPld.from_dp_accounting(_pld_cached(std, q, relation, discretization))
+
+
 @functools.lru_cache(maxsize=256)
 def _rdp_cached(kind: str, std: float, q: float, population: int, tau: int) -> np.ndarray:
     from dp_accounting import dp_event, privacy_accountant

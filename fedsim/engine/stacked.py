@@ -1,0 +1,108 @@
+"""Forward passes of the registry's models for K clients at once, each with its own parameters.
+
+``stacked_forward(model)`` returns ``f(params, x) -> logits`` where every parameter has a leading client
+axis (``params[name]`` is ``[K, *shape]``, the shapes and names of ``model.named_parameters()``), ``x`` is
+``[K, B, input_dim]`` and the logits are ``[K, B, num_classes]``. The clients' parameters are independent,
+so the gradient of the *sum* of the clients' losses with respect to ``params[name][k]`` is client k's own
+gradient: one ordinary autograd pass gives every client's gradient, with no ``vmap``.
+
+Every layer is a batched matrix product (``torch.baddbmm``), which on CPU runs as one batched GEMM call:
+
+* ``Linear``: ``x @ W^T + b`` per client;
+* ``Conv1d``: im2col from ``kernel_size`` strided slices of the padded, channels-last input (their
+  gradient is ``kernel_size`` strided adds, cheaper than ``unfold``'s backward), then one GEMM; activations
+  stay channels-last ``[K, B, L, C]`` throughout, so elementwise layers run on contiguous memory, and the
+  head's weight is permuted (a small copy) instead of the activations.
+
+Returns ``None`` for a model without a stacked implementation (:mod:`fedsim.engine.vectorized` then uses
+``torch.func.vmap``). The result equals ``vmap(functional_call(model, ...))`` to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedsim.models.registry import CNN1D, MLP, LogReg
+
+StackedForward = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``x [K, N, in]``, ``w [K, out, in]``, ``b [K, out]`` -> ``[K, N, out]``."""
+    if b is None:
+        return torch.bmm(x, w.transpose(1, 2))
+    return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+
+
+def _conv1d(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, conv: nn.Conv1d) -> torch.Tensor:
+    """Channels-last ``h [K, B, L, C]``, ``w [K, Co, C, k]`` -> ``[K, B, Lo, Co]`` (``conv``'s stride and
+    zero padding; dilation 1, groups 1)."""
+    k_, n, length, c = h.shape
+    co, ksize = w.shape[1], w.shape[3]
+    stride, pad = conv.stride[0], conv.padding[0]
+    lo = (length + 2 * pad - ksize) // stride + 1
+    hp = F.pad(h, (0, 0, pad, pad)) if pad else h
+    span = stride * (lo - 1) + 1
+    cols = torch.cat([hp[:, :, j : j + span : stride, :] for j in range(ksize)], dim=-1)  # [K, B, Lo, k*C]
+    wm = w.permute(0, 3, 2, 1).reshape(k_, ksize * c, co)  # rows ordered (tap, channel) like cols
+    out = torch.bmm(cols.reshape(k_, n * lo, ksize * c), wm) if b is None else torch.baddbmm(
+        b.unsqueeze(1), cols.reshape(k_, n * lo, ksize * c), wm
+    )
+    return out.view(k_, n, lo, co)
+
+
+def _supported_conv(conv: nn.Conv1d) -> bool:
+    return (
+        conv.groups == 1 and conv.dilation == (1,) and conv.padding_mode == "zeros"
+        and isinstance(conv.padding, tuple)
+    )
+
+
+def stacked_forward(model: nn.Module) -> StackedForward | None:
+    """The stacked forward of ``model`` (see the module docstring), or ``None`` if it has none."""
+    if isinstance(model, LogReg):
+        def logreg(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            return _linear(x.flatten(2), p["linear.weight"], p["linear.bias"])
+
+        return logreg
+
+    if isinstance(model, MLP):
+        layers: list[tuple[str, str | None]] = []
+        for i, m in enumerate(model.net):
+            if isinstance(m, nn.Linear):
+                layers.append(("linear", f"net.{i}"))
+            elif isinstance(m, nn.ReLU):
+                layers.append(("relu", None))
+            else:
+                return None
+
+        def mlp(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            h = x.flatten(2)
+            for kind, name in layers:
+                h = _linear(h, p[f"{name}.weight"], p.get(f"{name}.bias")) if kind == "linear" else torch.relu(h)
+            return h
+
+        return mlp
+
+    if isinstance(model, CNN1D):
+        if not (_supported_conv(model.conv1) and _supported_conv(model.conv2) and isinstance(model.act, nn.ReLU)):
+            return None
+        c1, c2 = model.conv1, model.conv2
+
+        def cnn(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            k_, n = x.shape[0], x.shape[1]
+            h = x.reshape(k_, n, -1, 1)  # channels last, one input channel
+            h = torch.relu(_conv1d(h, p["conv1.weight"], p.get("conv1.bias"), c1))
+            h = torch.relu(_conv1d(h, p["conv2.weight"], p.get("conv2.bias"), c2))
+            length, ch = h.shape[2], h.shape[3]
+            hw = p["head.weight"]  # [K, out, C*L], flattened channel-major by the module
+            hw = hw.view(k_, -1, ch, length).transpose(2, 3).reshape(k_, -1, length * ch)
+            return _linear(h.reshape(k_, n, length * ch), hw, p.get("head.bias"))
+
+        return cnn
+
+    return None
