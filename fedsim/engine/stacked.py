@@ -106,3 +106,61 @@ def stacked_forward(model: nn.Module) -> StackedForward | None:
         return cnn
 
     return None
+
+
+StackedStep = Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]
+
+
+def _dense_layers(model: nn.Module) -> list[tuple[str, bool]] | None:
+    """``[(prefix, relu_after)]`` of a LogReg or an MLP of Linear+ReLU layers; ``None`` for anything else."""
+    if isinstance(model, LogReg):
+        return [("linear", False)]
+    if not isinstance(model, MLP):
+        return None
+    mods = list(model.net)
+    out: list[tuple[str, bool]] = []
+    i = 0
+    while i < len(mods):
+        if not isinstance(mods[i], nn.Linear):
+            return None
+        relu = i + 1 < len(mods) and isinstance(mods[i + 1], nn.ReLU)
+        out.append((f"net.{i}", relu))
+        i += 2 if relu else 1
+    return out if not out[-1][1] else None
+
+
+def dense_step(model: nn.Module) -> StackedStep | None:
+    """For a LogReg or ReLU MLP: ``step(params, x, y, mask, count) -> (grads, losses)`` with the backward
+    pass written out (batched GEMMs, no autograd graph): the per-step cost of a small model is mostly
+    autograd's bookkeeping, and this halves it. The loss of client k is ``sum(mask_k * CE) / count_k``;
+    ``d loss_k / d logits = mask / count_k * (softmax(logits) - onehot(y))``. ``None`` for other models."""
+    layers = _dense_layers(model)
+    if layers is None:
+        return None
+
+    @torch.no_grad()
+    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+             count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        acts = [x.flatten(2)]
+        for name, relu in layers:
+            h = _linear(acts[-1], params[f"{name}.weight"], params.get(f"{name}.bias"))
+            acts.append(h.relu_() if relu else h)
+        logp = torch.log_softmax(acts.pop(), dim=-1)  # [K, B, C]
+        yi = y.unsqueeze(-1)
+        weight = mask / count.unsqueeze(1)  # [K, B]
+        losses = -(logp.gather(-1, yi).squeeze(-1) * weight).sum(1)
+        d = logp.exp_()
+        d.scatter_add_(-1, yi, torch.full_like(yi, -1.0, dtype=d.dtype))
+        d.mul_(weight.unsqueeze(-1))
+        grads: dict[str, torch.Tensor] = {}
+        for li in range(len(layers) - 1, -1, -1):
+            name, _relu = layers[li]
+            a = acts[li]
+            grads[f"{name}.weight"] = torch.bmm(d.transpose(1, 2), a)
+            if f"{name}.bias" in params:
+                grads[f"{name}.bias"] = d.sum(1)
+            if li:
+                d = torch.bmm(d, params[f"{name}.weight"]).mul_(a > 0)  # a is a ReLU output
+        return grads, losses
+
+    return step

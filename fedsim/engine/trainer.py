@@ -173,12 +173,26 @@ class ClientTrainer:
                 d = int(self.data.domain(int(cid)))
                 partial.add_extra("domain_loss", d, loss, num_domains)
                 partial.add_extra("domain_count", d, 1.0, num_domains)
-        if self.settings.vectorize and len(client_ids) > 1:
+        cids = [int(c) for c in client_ids]
+        if self.settings.vectorize and len(cids) > 1 and noise_share_std == 0:
+            from .vectorized import train_vectorized_chunks
+
+            # the whole chunk is clipped and summed on the device at once; only the sum leaves it
+            for updates, chunk_metrics in train_vectorized_chunks(self, server_round, cids, global_w):
+                weights = None if client_weights is None else [client_weights[m["client"]] for m in chunk_metrics]
+                norms = partial.add_batch(updates, clip, weights)
+                for m, norm in zip(chunk_metrics, norms, strict=True):
+                    m["update_norm"] = float(norm)
+                    metrics.append(m)
+            position = {c: i for i, c in enumerate(cids)}
+            metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, as the loop gives
+            return partial, metrics
+        if self.settings.vectorize and len(cids) > 1:
             from .vectorized import train_vectorized
 
-            results = train_vectorized(self, server_round, [int(c) for c in client_ids], global_w)
+            results = train_vectorized(self, server_round, cids, global_w)
         else:
-            results = (self.train_one(int(c), server_round, global_w) for c in client_ids)
+            results = (self.train_one(c, server_round, global_w) for c in cids)
         for update, m in results:
             if noise_share_std > 0:
                 clipped, norm, finite = clip_update(update.double(), clip)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
 from .shuffle import client_orders
-from .stacked import stacked_forward
+from .stacked import dense_step, stacked_forward
 
 #: bytes of per-client state (parameters, gradients, momentum, activations) one chunk may hold
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
@@ -46,10 +46,14 @@ def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:
 def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """``step(params, x, y, mask, count) -> (grads, losses)`` for ``a`` clients (leading axis of every argument).
 
-    The loss of client k is ``sum(mask_k * cross_entropy) / count_k``. With a stacked forward
+    The loss of client k is ``sum(mask_k * cross_entropy) / count_k``. LogReg and MLPs use
+    :func:`fedsim.engine.stacked.dense_step` (the backward pass written out). With a stacked forward
     (:func:`fedsim.engine.stacked.stacked_forward`) one autograd pass over the sum of the clients' losses
     gives each client's gradient; otherwise ``vmap(grad(functional_call(model)))``.
     """
+    manual = dense_step(model)
+    if manual is not None:
+        return manual
     forward = stacked_forward(model)
     if forward is None:
         def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
@@ -171,7 +175,7 @@ def _train_chunk(
     return updates, metrics
 
 
-def train_vectorized(
+def train_vectorized_chunks(
     trainer: Any,
     server_round: int,
     client_ids: list[int],
@@ -179,16 +183,15 @@ def train_vectorized(
     *,
     chunk_size: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
-) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
-    """Train ``client_ids`` from ``global_w`` together; yield ``(update, metrics)`` per client, in order.
-
-    ``update`` is the flat float32 ``w_k - global_w`` on ``trainer.device``; ``metrics`` holds ``client``,
-    ``num_examples`` and ``train_loss`` (mean batch loss over the client's steps), as ``train_one`` does.
-    """
+) -> Iterator[tuple[torch.Tensor, list[dict[str, Any]]]]:
+    """Train ``client_ids`` from ``global_w`` together, a chunk at a time (most local steps first); yield
+    ``(updates, metrics)`` per chunk: ``updates[i]`` is the flat float32 ``w - global_w`` of client
+    ``metrics[i]["client"]``, on ``trainer.device``; ``metrics`` hold ``client``, ``num_examples`` and
+    ``train_loss`` (mean batch loss over the client's steps), as ``train_one``'s do."""
     s = trainer.settings
     cids = [int(c) for c in client_ids]
     if not cids:
-        return iter(())
+        return
     names = [name for name, _ in trainer.model.named_parameters()]
     if len(names) != len(trainer.params):  # pragma: no cover - shared parameters are not supported
         raise ValueError("train_vectorized needs a model whose parameters are all distinct")
@@ -198,11 +201,27 @@ def train_vectorized(
     size = chunk_size or _chunk_size(trainer, int(s.batch_size), memory_budget)
     step_fn = _make_step(trainer.model)
     gw = global_w.to(device=trainer.device, dtype=torch.float32)
-    out: list[tuple[torch.Tensor, dict[str, Any]] | None] = [None] * len(cids)
     trainer.model.train()
     for start in range(0, len(order), size):
-        part = order[start : start + size]
-        updates, metrics = _train_chunk(trainer, step_fn, names, server_round, [cids[j] for j in part], gw)
-        for row, j in enumerate(part):
-            out[j] = (updates[row], metrics[row])
-    return iter(out)  # type: ignore[arg-type]
+        part = [cids[j] for j in order[start : start + size]]
+        yield _train_chunk(trainer, step_fn, names, server_round, part, gw)
+
+
+def train_vectorized(
+    trainer: Any,
+    server_round: int,
+    client_ids: list[int],
+    global_w: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
+    """:func:`train_vectorized_chunks`, one ``(update, metrics)`` per client, in the order of ``client_ids``."""
+    cids = [int(c) for c in client_ids]
+    found: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
+    for updates, metrics in train_vectorized_chunks(
+        trainer, server_round, cids, global_w, chunk_size=chunk_size, memory_budget=memory_budget
+    ):
+        for row, m in enumerate(metrics):
+            found[m["client"]] = (updates[row], m)
+    return iter([found[c] for c in cids])

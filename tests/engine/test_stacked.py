@@ -8,7 +8,7 @@ from torch.func import functional_call, vmap
 
 from fedsim.engine import vectorized
 from fedsim.engine.shuffle import client_orders
-from fedsim.engine.stacked import stacked_forward
+from fedsim.engine.stacked import dense_step, stacked_forward
 from fedsim.models import build_model
 
 CASES = [
@@ -68,24 +68,31 @@ def test_unknown_model_has_no_stacked_forward_and_vectorized_falls_back_to_vmap(
             torch.testing.assert_close(grads[name][j], r, rtol=1e-5, atol=1e-6)
 
 
-def test_stacked_step_matches_vmap_step_with_masks():
-    model = build_model("mlp", 40, 10, hidden=[20])
+@pytest.mark.parametrize(("name", "kw"), [("mlp", {"hidden": [20]}), ("mlp", {"hidden": [12, 7]}), ("logreg", {}),
+                                          ("cnn1d", {"channels": [4, 6]})])
+def test_the_three_step_implementations_agree_with_masks(monkeypatch, name, kw):
+    """dense_step (backward written out), the stacked forward with autograd, and vmap give the same step."""
+    model = build_model(name, 40, 10, **kw)
     torch.manual_seed(2)
     k, b = 6, 8
     params = {n: p.detach() + 0.1 * torch.randn(k, *p.shape) for n, p in model.named_parameters()}
     x, y = torch.randn(k, b, 40), torch.randint(0, 10, (k, b))
     mask = (torch.rand(k, b) < 0.7).float()
+    mask[4] = 0.0  # a client past its last batch
     count = mask.sum(1).clamp_min(1)
-    g1, l1 = vectorized._make_step(model)(params, x, y, mask, count)
-    original = vectorized.stacked_forward
-    try:
-        vectorized.stacked_forward = lambda _m: None
-        g2, l2 = vectorized._make_step(model)(params, x, y, mask, count)
-    finally:
-        vectorized.stacked_forward = original
-    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
-    for n in params:
-        torch.testing.assert_close(g1[n], g2[n], rtol=1e-5, atol=1e-6)
+    results = []
+    for disable in ((), ("dense_step",), ("dense_step", "stacked_forward")):
+        for attr in disable:
+            monkeypatch.setattr(vectorized, attr, lambda _m: None)
+        results.append(vectorized._make_step(model)(params, x, y, mask, count))
+        monkeypatch.undo()
+    assert (dense_step(model) is None) == (name == "cnn1d")
+    (g0, l0) = results[-1]  # vmap: the reference
+    for g, losses in results[:-1]:
+        torch.testing.assert_close(losses, l0, rtol=1e-5, atol=1e-6)
+        for n in params:
+            torch.testing.assert_close(g[n], g0[n], rtol=1e-5, atol=1e-6)
+    assert float(results[0][0][next(iter(params))][4].abs().max()) == 0.0  # no examples: no gradient
 
 
 def test_client_orders_are_permutations_independent_of_the_other_clients():

@@ -154,3 +154,35 @@ def test_flower_node_ids_beyond_int64_are_sampled():
     cohort = sample_cohort(big, "fixed", make_rng(0, 1, 1), clients_per_round=2)
     assert cohort.size == 2 and {int(c) for c in cohort} <= set(big)
     assert [int(c) for c in sample_cohort(big, "all", make_rng(0, 1, 1))] == sorted(big)
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_add_batch_equals_adding_row_by_row(as_torch):
+    rng = np.random.default_rng(4)
+    rows = rng.normal(size=(70, 9)) * rng.choice([0.1, 1.0, 5.0], size=(70, 1))
+    rows[3] = 0.0  # zero norm is fine
+    rows[10, 2] = np.nan  # rejected
+    rows[11, 0] = np.inf  # rejected
+    weights = rng.uniform(0.5, 2.0, size=70)
+    one = PartialSum(9)
+    norms_one = [one.add(r, 1.0, weight=float(w)) for r, w in zip(rows, weights, strict=True)]
+    batch = PartialSum(9)
+    arg = torch.as_tensor(rows, dtype=torch.float32) if as_torch else rows.astype(np.float32)
+    ref = PartialSum(9)  # the float32 rows, as a worker holds them
+    norms_ref = [ref.add(r, 1.0, weight=float(w)) for r, w in zip(np.asarray(arg, dtype=np.float64), weights, strict=True)]
+    norms = batch.add_batch(arg, 1.0, weights, block=16)  # several blocks
+    np.testing.assert_allclose(batch.total, ref.total, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(batch.total, one.total, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(norms, norms_ref, rtol=1e-12, equal_nan=True)
+    assert np.isnan(norms[10]) and np.isnan(norms[11]) and np.isnan(norms_one[10])
+    assert (batch.count, batch.rejected, batch.unclipped) == (ref.count, ref.rejected, ref.unclipped) == (68, 2, ref.unclipped)
+    assert batch.unclipped == sum(1 for n in norms_one if n <= 1.0)
+    np.testing.assert_allclose(batch.norms, ref.norms, rtol=1e-12)
+
+
+def test_add_batch_rejects_wrong_shapes():
+    p = PartialSum(4)
+    assert np.isnan(p.add_batch(np.zeros((3, 5)), 1.0)).all()
+    assert p.rejected == 3 and p.count == 0 and not p.total.any()
+    with pytest.raises(ValueError, match=r"\[K, dim\]"):
+        p.add_batch(np.zeros(4), 1.0)  # one flat update is not a batch
