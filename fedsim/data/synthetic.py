@@ -32,7 +32,7 @@ _TAG_GLOBAL = 0x5EED_0004
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _splitmix64(z: np.ndarray) -> np.ndarray:
+def splitmix64(z: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, vectorised over uint64 arrays (wrap-around intended)."""
     with np.errstate(over="ignore"):
         z = z + np.uint64(0x9E3779B97F4A7C15)
@@ -43,11 +43,11 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
 
 def _uniforms(seed: int, tag: int, cids: np.ndarray, stream: int) -> np.ndarray:
     """Deterministic uniforms in [0, 1) for each client id (counter-based, vectorised)."""
-    key = _splitmix64(np.asarray([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-    key = _splitmix64(key ^ np.uint64(tag))
+    key = splitmix64(np.asarray([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+    key = splitmix64(key ^ np.uint64(tag))
     with np.errstate(over="ignore"):
         ctr = cids.astype(np.uint64) * np.uint64(2) + np.uint64(stream)
-        h = _splitmix64(_splitmix64(key ^ ctr))
+        h = splitmix64(splitmix64(key ^ ctr))
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
 
 

@@ -1,7 +1,7 @@
 """Per-client batch order for local SGD, computed for many clients at once.
 
 A client's example order in epoch ``e`` of round ``t`` is the argsort of 64-bit keys
-``mix(client_key(seed, t, cid, e), index)``, where ``mix`` is the SplitMix64 finaliser (Steele, Lea and
+``mix(client_key(seed, t, cid, e) + index)``, where ``mix`` is SplitMix64 (Steele, Lea and
 Flood 2014): a counter-based generator. Every client's order depends only on ``(seed, round, client id,
 epoch)``, never on which other clients share its worker or chunk, so the loop
 (:meth:`~fedsim.engine.trainer.ClientTrainer.train_one`) and the vectorised path
@@ -15,22 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsim.data.synthetic import splitmix64
 from fedsim.privacy.aggregation import STREAM_CLIENT
-
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
 
 
 def _absorb(key: np.ndarray, value: np.ndarray | int) -> np.ndarray:
-    return _mix(key + _GOLDEN + np.asarray(value, dtype=np.uint64))
+    return splitmix64(key + np.asarray(value, dtype=np.uint64))
 
 
 def client_orders(
@@ -49,7 +39,7 @@ def client_orders(
             base = np.random.default_rng().integers(0, 2**63, dtype=np.uint64)
         else:
             base = np.uint64(int(seed) & (2**64 - 1))
-        base = _absorb(_absorb(_mix(np.asarray(base, dtype=np.uint64)), int(server_round) & (2**64 - 1)),
+        base = _absorb(_absorb(splitmix64(np.asarray(base, dtype=np.uint64)), int(server_round) & (2**64 - 1)),
                        STREAM_CLIENT)
         cids = np.asarray([int(c) & (2**64 - 1) for c in client_ids], dtype=np.uint64)
         client_key = _absorb(np.full(cids.shape, base, dtype=np.uint64), cids)
