@@ -28,9 +28,13 @@ class DataConfig(_Section):
     )
     domain_shift: float | None = Field(None, ge=0, description="domains: feature shift of domain k (x feature std)")
     domain_noise: float | None = Field(None, ge=0, description="domains: per-example feature noise growing with k")
+    domain_label_swaps: int | None = Field(
+        None, ge=0, description="domains: pairs of classes whose labels are exchanged in every domain after the first"
+    )
     num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
     synthetic_alpha: float = Field(1.0, ge=0)
     synthetic_beta: float = Field(1.0, ge=0)
+    synthetic_iid: bool | None = Field(None, description="synthetic: one shared labelling model (Synthetic-IID)")
     synthetic_min_samples: int | None = Field(None, ge=1, description="synthetic: fewest examples per client")
     synthetic_max_samples: int | None = Field(None, ge=1, description="synthetic: most examples per client")
 

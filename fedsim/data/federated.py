@@ -44,9 +44,10 @@ DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic")
 _TAG_HELDOUT = 0x4E1D
 _TAG_SHIFT = 0x5411
 _TAG_NOISE = 0x4015
+_TAG_LABELS = 0x1AB5
 
 _PARTITION_OPTION_NAMES = tuple(sorted({o for opts in PARTITIONER_OPTIONS.values() for o in opts}))
-_DOMAIN_OPTIONS = ("domain_shift", "domain_noise")
+_DOMAIN_OPTIONS = ("domain_shift", "domain_noise", "domain_label_swaps")
 DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
     "digits": _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
     "mnist1d": ("num_samples",) + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
@@ -58,6 +59,7 @@ DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
         "synthetic_classes",
         "synthetic_min_samples",
         "synthetic_max_samples",
+        "domain_label_swaps",
     ),
     HUB_PREFIX: ("hub_split", "hub_feature", "hub_label") + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
 }
@@ -228,6 +230,7 @@ class ArrayFederatedData(FederatedData):
         domain_shift: float,
         domain_noise: float,
         partition_settings: dict[str, Any],
+        domain_label_swaps: int = 0,
         dataset_settings: dict[str, Any],
     ) -> None:
         super().__init__(
@@ -258,6 +261,8 @@ class ArrayFederatedData(FederatedData):
             self._shift[d] = (domain_shift * std * z).astype(np.float32)
         levels = np.arange(k) / (k - 1) if k > 1 else np.zeros(1)
         self._noise_std = (domain_noise * levels[:, None] * std[None, :]).astype(np.float32)
+        self.domain_label_swaps = int(domain_label_swaps)
+        self._label_maps = label_maps(seed, k, self.num_classes, self.domain_label_swaps)
 
     def client_rows(self, cid: int) -> np.ndarray:
         """Indices into the base arrays ``x``/``y`` of client ``cid``'s examples (read-only view)."""
@@ -275,6 +280,8 @@ class ArrayFederatedData(FederatedData):
             if self.domain_noise > 0:
                 rng = np.random.default_rng([self.seed, _TAG_NOISE, int(cid)])
                 x += (rng.standard_normal(x.shape) * self._noise_std[d]).astype(np.float32)
+            if self.domain_label_swaps:
+                return x, self._label_maps[d][self.y[rows]]
         return x, self.y[rows]
 
     def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -303,6 +310,8 @@ class ArrayFederatedData(FederatedData):
                 **self.partition_settings,
                 "domain_shift": self.domain_shift if self.num_domains > 1 else None,
                 "domain_noise": self.domain_noise if self.num_domains > 1 else None,
+                "domain_label_swaps": self.domain_label_swaps if self.num_domains > 1 else None,
+                "domain_label_maps": self._label_maps.tolist() if self.domain_label_swaps else None,
             }
         )
         return out
@@ -327,6 +336,7 @@ class SyntheticFederatedData(FederatedData):
         num_classes: int,
         min_samples: int,
         max_samples: int,
+        domain_label_swaps: int = 0,
     ) -> None:
         super().__init__(
             dataset="synthetic",
@@ -349,10 +359,13 @@ class SyntheticFederatedData(FederatedData):
             if domains_requested
             else None
         )
+        self.domain_label_swaps = int(domain_label_swaps)
+        self._label_maps = label_maps(seed, self.num_domains, num_classes, self.domain_label_swaps)
 
     def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
         cid = self._check_cid(cid)
-        return syn.generate_client(
+        d = self.domain(cid)
+        x, y = syn.generate_client(
             self.seed,
             cid,
             alpha=self.alpha,
@@ -361,8 +374,9 @@ class SyntheticFederatedData(FederatedData):
             dim=self.input_dim,
             num_classes=self.num_classes,
             num_samples=self.num_examples(cid),
-            shared_means=None if self._domain_means is None else self._domain_means[self.domain(cid)],
+            shared_means=None if self._domain_means is None else self._domain_means[d],
         )
+        return (x, self._label_maps[d][y]) if self.domain_label_swaps else (x, y)
 
     def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
         cids = np.asarray(cids, dtype=np.int64)
@@ -385,6 +399,8 @@ class SyntheticFederatedData(FederatedData):
                 "synthetic_max_samples": self.max_samples,
                 "examples_per_client": _stats(sizes) | {"sampled_every": step},
                 "domain_means": None if self._domain_means is None else [list(m) for m in self._domain_means],
+                "domain_label_swaps": self.domain_label_swaps if self.num_domains > 1 else None,
+                "domain_label_maps": self._label_maps.tolist() if self.domain_label_swaps else None,
             }
         )
         return out
@@ -416,7 +432,8 @@ def build_federated_data(
         summing to 1 (unequal blocks).
     dataset_options : see ``DATASET_OPTIONS``; ``None`` values count as not given.
         digits/mnist1d: ``num_samples`` (mnist1d, default 4000), ``domain_shift`` (default 0.5),
-        ``domain_noise`` (default 0.0), partitioner options ``min_partition_size``, ``self_balancing``
+        ``domain_noise`` (default 0.0), ``domain_label_swaps`` (default 0: pairs of classes whose labels
+        are exchanged in every domain after the first, a concept shift), partitioner options ``min_partition_size``, ``self_balancing``
         (dirichlet), ``num_classes_per_partition``, ``class_assignment_mode`` (pathological),
         ``num_shards_per_partition``, ``shard_size``, ``keep_incomplete_shard`` (shard).
         ``"hf:<repo id>"``: ``hub_split`` ("train"), ``hub_feature``, ``hub_label`` (guessed from the
@@ -457,6 +474,7 @@ def build_federated_data(
             num_classes=check_int("synthetic_classes", options.get("synthetic_classes", 10), minimum=2),
             min_samples=lo,
             max_samples=hi,
+            domain_label_swaps=check_int("domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0),
         )
 
     dataset_settings: dict[str, Any] = {}
@@ -473,6 +491,7 @@ def build_federated_data(
         dataset_settings = {"num_samples": len(base)}
     shift = check_float("domain_shift", options.get("domain_shift", DEFAULT_DOMAIN_SHIFT), low=0.0)
     noise = check_float("domain_noise", options.get("domain_noise", DEFAULT_DOMAIN_NOISE), low=0.0)
+    swaps = check_int("domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0)
     part_opts = {k: v for k, v in options.items() if k in _PARTITION_OPTION_NAMES}
     rows, settings = partition_rows(base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts)
     return ArrayFederatedData(
@@ -484,12 +503,30 @@ def build_federated_data(
         domains_requested=requested,
         domain_shift=shift,
         domain_noise=noise,
+        domain_label_swaps=swaps,
         partition_settings=settings,
         dataset_settings=dataset_settings,
     )
 
 
 # --------------------------------------------------------------------------- helpers
+def label_maps(seed: int, num_domains: int, num_classes: int, swaps: int) -> np.ndarray:
+    """Concept shift between domains: ``maps[d][y]`` is domain d's label for an example of class y.
+
+    Domain 0 keeps the labels; in every domain d >= 1, ``swaps`` disjoint pairs of classes (drawn with the
+    seed, per domain) exchange their labels. The inputs are the same, the labelling convention differs: no
+    single model is right for every domain, and minimising the pooled loss favours the large domains.
+    """
+    if 2 * swaps > num_classes:
+        raise invalid("domain_label_swaps", swaps, f"at most num_classes // 2 = {num_classes // 2} disjoint pairs")
+    maps = np.tile(np.arange(num_classes), (num_domains, 1))
+    for d in range(1, num_domains):
+        pick = np.random.default_rng([seed, _TAG_LABELS, d]).permutation(num_classes)
+        for a, b in pick[: 2 * swaps].reshape(-1, 2):
+            maps[d, a], maps[d, b] = b, a
+    return maps
+
+
 def _domain_sizes(num_clients: int, domains: Any) -> tuple[tuple[int, ...], bool]:
     """Block sizes of the domains (contiguous client ids), and whether domains were asked for."""
     if domains is None:

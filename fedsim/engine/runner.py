@@ -39,14 +39,17 @@ class RunResult:
 def build_data(scenario: Scenario) -> Any:
     d = scenario.data
     options: dict[str, Any] = {}
-    if d.domains is not None and d.dataset != "synthetic":
-        options["domain_shift"] = d.domain_shift
-        options["domain_noise"] = d.domain_noise
+    if d.domains is not None:
+        options["domain_label_swaps"] = d.domain_label_swaps
+        if d.dataset != "synthetic":
+            options["domain_shift"] = d.domain_shift
+            options["domain_noise"] = d.domain_noise
     if d.dataset == "mnist1d" and d.num_samples is not None:
         options["num_samples"] = d.num_samples
     if d.dataset == "synthetic":
         options["synthetic_alpha"] = d.synthetic_alpha
         options["synthetic_beta"] = d.synthetic_beta
+        options["synthetic_iid"] = d.synthetic_iid
         options["synthetic_min_samples"] = d.synthetic_min_samples
         options["synthetic_max_samples"] = d.synthetic_max_samples
     if d.partitioner == "pathological":
