@@ -423,6 +423,28 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
             list(train_vectorized(trainer, 1, cids, gw))
             reps += 1
         vec_rate = vec_flops * reps / (time.perf_counter() - t)
+
+        # ceiling: the batched matrix products alone of one vectorised step (100 clients x batch 16, shapes of
+        # fedsim.engine.stacked's CNN1D step: 3 forward products, 5 backward), no im2col, activations or update
+        k, b_ = 100, w["batch"]
+        c1, c2 = model.conv1, model.conv2
+        l1 = (data.input_dim + 2 * c1.padding[0] - c1.kernel_size[0]) // c1.stride[0] + 1
+        l2 = (l1 + 2 * c2.padding[0] - c2.kernel_size[0]) // c2.stride[0] + 1
+        k1, k2, ch1, ch2 = c1.kernel_size[0], c2.kernel_size[0], c1.out_channels, c2.out_channels
+        ncls = data.num_classes
+        shapes = [(b_ * l1, k1, ch1), (b_ * l2, k2 * ch1, ch2), (b_, l2 * ch2, ncls),  # forward
+                  (ncls, b_, l2 * ch2), (b_, ncls, l2 * ch2),  # head: weight grad, input grad
+                  (k2 * ch1, b_ * l2, ch2), (b_ * l2, ch2, k2 * ch1),  # conv2: weight grad, input grad
+                  (k1, b_ * l1, ch1)]  # conv1: weight grad
+        mats = [(torch.randn(k, m, q), torch.randn(k, q, r)) for m, q, r in shapes]
+        gemm_flops = sum(2 * k * m * q * r for m, q, r in shapes)
+        reps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 1.0:
+            for a_, b2 in mats:
+                torch.bmm(a_, b2)
+            reps += 1
+        gemm_time = (time.perf_counter() - t) / reps
+        step_useful = step_flops / w["batch"] * b_ * k
     finally:
         torch.set_num_threads(threads)
     print("\nSmall CNN (cnn1d on MNIST-1D), 1 thread")
@@ -432,6 +454,10 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
     print(f"  fedsim vectorized, {len(cids)} clients         : {vec_rate / 1e9:8.2f} GFLOP/s"
           f" = {100 * vec_rate / peak:5.1f}% of peak  {'PASS' if vec_rate >= 0.4 * peak else 'MISS'} (target 40%)"
           f"  [useful FLOPs only; {100 * (padded - real) / padded:.0f}% of batch slots are masked padding]")
+    print(f"  ceiling: one step's batched GEMMs alone (100 clients x batch {w['batch']}, {gemm_flops / 1e6:.0f} MFLOP vs"
+          f" {step_useful / 1e6:.0f} useful): {gemm_flops / gemm_time / 1e9:.1f} GFLOP/s ="
+          f" {100 * gemm_flops / gemm_time / peak:.1f}% of peak; the rest of fedsim's time is im2col/col2im copies,"
+          " activations, masks, the SGD update and per-step dispatch")
 
 
 # ---------------------------------------------------------------- main
