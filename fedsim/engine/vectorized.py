@@ -92,12 +92,12 @@ def _batch_plan(
     max_steps = int(-(-n.max() // bsz)) if k else 0
     orders = client_orders(s.seed, server_round, cids, n, epochs)  # [E, total], local indices
     seg = np.repeat(np.arange(k), n)
-    pos = orders[0].copy()
-    pos[:] = np.arange(pos.size) - np.repeat(np.asarray(offsets, dtype=np.int64), n)  # position in the client
+    starts = np.repeat(np.asarray(offsets, dtype=np.int64), n)
+    pos = np.arange(int(n.sum())) - starts  # each example slot's position within its client's epoch
     step, slot = pos // bsz, pos % bsz
     idx = np.zeros((epochs, max_steps, k, bsz), dtype=np.int64)
     mask = np.zeros((epochs, max_steps, k, bsz), dtype=np.float32)
-    glob = orders + np.repeat(np.asarray(offsets, dtype=np.int64), n)[None, :]
+    glob = orders + starts[None, :]
     for e in range(epochs):
         idx[e, step, seg, slot] = glob[e]
         mask[e, step, seg, slot] = 1.0

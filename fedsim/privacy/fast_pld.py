@@ -125,7 +125,9 @@ class FastPld:
         remove = self.remove.compose(other.remove)
         if self.add is None and other.add is None:
             return FastPld(remove, None)
-        return FastPld(remove, (self.add or self.remove).compose(other.add or other.remove))
+        mine = self.remove if self.add is None else self.add
+        theirs = other.remove if other.add is None else other.add
+        return FastPld(remove, mine.compose(theirs))
 
     def epsilon_for_delta(self, delta: float) -> float:
         eps = self.remove.epsilon_for_delta(delta)
