@@ -1,21 +1,19 @@
-"""Forward passes of the registry's models for K clients at once, each with its own parameters.
+"""Local SGD steps of the registry's models for K clients at once, each client with its own parameters.
 
-``stacked_forward(model)`` returns ``f(params, x) -> logits`` where every parameter has a leading client
-axis (``params[name]`` is ``[K, *shape]``, the shapes and names of ``model.named_parameters()``), ``x`` is
-``[K, B, input_dim]`` and the logits are ``[K, B, num_classes]``. The clients' parameters are independent,
-so the gradient of the *sum* of the clients' losses with respect to ``params[name][k]`` is client k's own
-gradient: one ordinary autograd pass gives every client's gradient, with no ``vmap``.
+Two levels, both over parameters with a leading client axis (``params[name]`` is ``[K, *shape]``, the names
+and shapes of ``model.named_parameters()``), inputs ``x [K, B, input_dim]`` and logits ``[K, B, classes]``:
 
-Every layer is a batched matrix product (``torch.baddbmm``), which on CPU runs as one batched GEMM call:
+* :func:`dense_step` (LogReg, ReLU MLPs, CNN1D): ``step(params, x, y, mask, count) -> (grads, losses)`` with
+  the backward pass written out as batched GEMMs (``torch.bmm``/``baddbmm``), no autograd graph. This is
+  what :mod:`fedsim.engine.vectorized` uses for the registry's models.
+* :func:`stacked_forward`: ``f(params, x) -> logits`` for the same models; the clients' parameters are
+  independent, so one autograd pass over the *sum* of their losses gives every client its own gradient.
+  The fallback when a written-out step is missing, and a reference for it in the tests.
 
-* ``Linear``: ``x @ W^T + b`` per client;
-* ``Conv1d``: im2col from ``kernel_size`` strided slices of the padded, channels-last input (their
-  gradient is ``kernel_size`` strided adds, cheaper than ``unfold``'s backward), then one GEMM; activations
-  stay channels-last ``[K, B, L, C]`` throughout, so elementwise layers run on contiguous memory, and the
-  head's weight is permuted (a small copy) instead of the activations.
-
-Returns ``None`` for a model without a stacked implementation (:mod:`fedsim.engine.vectorized` then uses
-``torch.func.vmap``). The result equals ``vmap(functional_call(model, ...))`` to float rounding (tested).
+Convolutions are im2col GEMMs in channels-last layout ``[K, B, L, C]`` (elementwise layers then run on
+contiguous memory; the head's weight is permuted, a small copy, instead of the activations). Anything else
+returns ``None`` and :mod:`fedsim.engine.vectorized` uses ``torch.func.vmap``. All three agree to float
+rounding (tested).
 """
 
 from __future__ import annotations
