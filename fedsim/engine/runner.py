@@ -265,6 +265,10 @@ def run_scenario(
         pending = None
         row["epsilon"] = strategy.history[row["round_index"]]["epsilon"] = float(future.result())
         del row["round_index"]
+        fallback = getattr(strategy.ledger, "pld_fallback", None)
+        if row["accountant"] == "pld" and fallback:  # PLD would not fit in memory: a valid, looser RDP epsilon
+            row["accountant_used"] = "rdp"
+            row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
         row.update(privacy_columns(row["round"], row["epsilon"], bounds, delta, population))
         emit(row)
 

@@ -95,6 +95,20 @@ def round_pld(m: Mechanism, relation: str | None = None, discretization: float =
     return _pld_cached(float(std), float(q), rel, float(discretization))
 
 
+#: the most points a composed PLD may hold before the ledger answers with RDP instead (about 40 MB a float64
+#: array; an FFT composition needs several such arrays). Noise multipliers around 0.03 reach it in ~10 rounds.
+MAX_PLD_POINTS = 5_000_000
+
+
+def estimated_pld_points(m: Mechanism, relation: str | None = None,
+                         discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
+    """About how many grid points one round's PLD of ``m`` holds: the Gaussian's privacy losses span about
+    ``(1 + 20 std) / std^2`` (dp-accounting keeps ~10 standard deviations of tail), divided by the grid step.
+    Cheap: used to refuse a PLD before building it."""
+    std, _q, _rel = _pld_params(m, relation or m.neighbouring)
+    return (1.0 + 20.0 * std) / (std * std) / discretization
+
+
 def round_fast_pld(m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION):
     """:func:`round_pld` as a :class:`fedsim.privacy.fast_pld.FastPld` (cached): for per-round composition."""
     relation = relation or m.neighbouring

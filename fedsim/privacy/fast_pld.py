@@ -74,10 +74,18 @@ class DensePmf:
         upper[1:] += inf
         lower = np.empty(n + 1)
         lower[0] = 0.0
-        np.cumsum(np.exp(-losses) * p, out=lower[1:])
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            scale = np.exp(-losses)
+            terms = scale * p
+            # exp(-loss) overflows for losses below about -709 (dp-accounting's loop stops before it reaches
+            # them, or raises OverflowError): there p * exp(-loss) is computed in log space (p = 0 gives 0)
+            big = np.isinf(scale)
+            if big.any():
+                terms[big] = np.exp(np.log(p[big]) - losses[big])
+        np.cumsum(terms, out=lower[1:])
         # dp-accounting's loop, iteration k: (a) stop if log((upper_k - delta) / lower_k) >= loss_k;
         # (b) add loss k; (c) return max(0, loss_k) if upper_{k+1} >= delta while lower_{k+1} == 0
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny lower mass gives log(inf)
             ok = (upper[:n] > delta) & (lower[:n] > 0)
             cand = np.where(ok, np.log(np.where(ok, upper[:n] - delta, 1.0) / np.where(ok, lower[:n], 1.0)), -np.inf)
         stop = ok & (cand >= losses)
@@ -128,6 +136,10 @@ class FastPld:
         mine = self.remove if self.add is None else self.add
         theirs = other.remove if other.add is None else other.add
         return FastPld(remove, mine.compose(theirs))
+
+    @property
+    def size(self) -> int:
+        return max(self.remove.probs.size, 0 if self.add is None else self.add.probs.size)
 
     def epsilon_for_delta(self, delta: float) -> float:
         eps = self.remove.epsilon_for_delta(delta)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -25,6 +26,10 @@ from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 
 __all__ = ["Ledger", "Release"]
+
+
+class _PldTooLarge(Exception):
+    """A PLD composition would need more memory than is reasonable (see certified.MAX_PLD_POINTS)."""
 
 LEDGER_FORMAT = "fedsim.privacy.ledger/1"
 
@@ -61,6 +66,8 @@ class Ledger:
         self.pld_discretization = float(pld_discretization)
         self._pld_prefix: tuple | None = None  # (relation, n_rounds, last round's events, pld)
         self._pld_total: tuple | None = None  # the same for the last query's whole composition
+        self.pld_fallback: str | None = None  # why the last pld query was answered with rdp (None: it was not)
+        self._pld_fallback_warned = False
         self._memo: dict = {}
 
     # ------------------------------------------------------------------ recording
@@ -159,7 +166,17 @@ class Ledger:
         all_mechs = [m for events in rounds for m in events]
         relation = certified.ledger_relation(all_mechs)
         if method == "pld":
-            return self._pld_epsilon(rounds, relation, delta, cache)
+            try:
+                return self._pld_epsilon(rounds, relation, delta, cache)
+            except _PldTooLarge as exc:
+                # A valid, looser certificate instead of exhausting memory: RDP never reports below PLD's
+                # epsilon by more than its own slack, and both are upper bounds on the true epsilon.
+                if not self._pld_fallback_warned:
+                    warnings.warn(f"PLD accounting is impractical here ({exc}); epsilon is reported with RDP "
+                                  "(a valid, looser upper bound)", RuntimeWarning, stacklevel=3)
+                    self._pld_fallback_warned = True
+                self.pld_fallback = str(exc)
+                method = "rdp"
         if method == "rdp":
             total = np.zeros_like(certified.rdp_orders())
             for events in rounds:
@@ -201,16 +218,29 @@ class Ledger:
                 continue
             n0, acc = cached[1], cached[3]
             break
+        limit = certified.MAX_PLD_POINTS
+        for events in rounds[n0:]:
+            for m in events:
+                if certified.estimated_pld_points(m, relation, vdi) > limit:
+                    raise _PldTooLarge(f"one round of noise multiplier {m.noise_multiplier:g} needs about "
+                                       f"{certified.estimated_pld_points(m, relation, vdi):.3g} PLD points")
+
+        def compose(acc, m: Mechanism, n_rounds: int):
+            p = certified.round_fast_pld(m, relation, vdi)
+            if acc is None:
+                return p
+            if acc.size + p.size > limit:
+                raise _PldTooLarge(f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points")
+            return acc.compose(p)
+
         for i in range(n0, len(complete)):
             for m in complete[i]:
-                p = certified.round_fast_pld(m, relation, vdi)
-                acc = p if acc is None else acc.compose(p)
+                acc = compose(acc, m, i + 1)
         if cache and complete:
             self._pld_prefix = (relation, len(complete), complete[-1], acc)
         total = acc
         for m in last:
-            p = certified.round_fast_pld(m, relation, vdi)
-            total = p if total is None else total.compose(p)
+            total = compose(total, m, len(rounds))
         if cache:
             self._pld_total = (relation, len(rounds), last, total)
         # round up by a relative 1e-9: the vectorised sums may differ from dp-accounting's loop in the last

@@ -55,3 +55,19 @@ def test_a_different_seed_gives_a_different_model(scenario):
     other = load_scenario("quickstart", OVERRIDES + ["seed=1"])
     b = _final(other, LocalEngine(build_data(other), TrainSettings.from_scenario(other)))
     assert np.abs(a.weights - b.weights).max() > 1e-3
+
+
+def test_a_run_whose_pld_would_not_fit_in_memory_reports_rdp_and_says_so():
+    import warnings
+
+    from fedsim.engine.runner import run_scenario
+    from fedsim.scenarios import load_scenario
+
+    sc = load_scenario("quickstart", ["rounds=2", "engine.name=local", "privacy.noise_multiplier=0.005"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = run_scenario(sc, write=False)
+    row = res.rows[-1]
+    assert row["accountant"] == "pld" and row["accountant_used"] == "rdp"
+    assert "noise multiplier 0.005" in row["accountant_note"]
+    assert row["epsilon"] == res.strategy.ledger.epsilon(sc.privacy.delta, "rdp")

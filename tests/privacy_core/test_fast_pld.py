@@ -61,6 +61,38 @@ def test_epsilon_edge_cases_match_dp_accounting():
                 assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (trial, delta)
 
 
+def test_tiny_noise_does_not_overflow_and_matches_dp_accounting():
+    # z = 0.03 with every client each round: one round's PLD reaches losses below -709, where exp(-loss)
+    # overflows; dp-accounting's search stops before reaching them, and ours must not be fooled by them
+    import warnings
+
+    mech = Mechanism(population=100, sampling="all", noise_multiplier=0.03)
+    dp = certified.round_pld(mech)
+    one = FastPld.from_dp_accounting(dp)
+    assert one.remove.lower_loss * one.remove.discretization < -709
+    two, dp_two = one.compose(one), dp.compose(dp)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [one.epsilon_for_delta(1e-5), two.epsilon_for_delta(1e-5)]
+    want = [dp.get_epsilon_for_delta(1e-5), dp_two.get_epsilon_for_delta(1e-5)]
+    assert got == pytest.approx(want, rel=1e-10)
+
+
+def test_ledger_answers_with_rdp_when_a_pld_would_not_fit_in_memory():
+    tiny = Mechanism(population=1000, sampling="all", noise_multiplier=0.005)  # ~4e7 PLD points a round
+    ledger = Ledger()
+    for t in range(1, 4):
+        ledger.record(round=t, mechanism=tiny)
+    with pytest.warns(RuntimeWarning, match="RDP"):
+        eps = ledger.epsilon(1e-5)
+    assert eps == ledger.epsilon(1e-5, "rdp") and math.isfinite(eps)
+    assert "noise multiplier 0.005" in ledger.pld_fallback
+    ok = Ledger()
+    ok.record(round=1, mechanism=MECHS[0])
+    ok.epsilon(1e-5)
+    assert ok.pld_fallback is None
+
+
 def test_truncation_matches_dp_accounting():
     from dp_accounting.pld import pld_pmf
 
