@@ -169,8 +169,8 @@ class Ledger:
             try:
                 return self._pld_epsilon(rounds, relation, delta, cache)
             except _PldTooLarge as exc:
-                # A valid, looser certificate instead of exhausting memory: RDP never reports below PLD's
-                # epsilon by more than its own slack, and both are upper bounds on the true epsilon.
+                # Instead of exhausting memory: RDP is also a valid upper bound on the true epsilon, usually a
+                # looser one than PLD's, so the run over-reports rather than under-reports.
                 if not self._pld_fallback_warned:
                     warnings.warn(f"PLD accounting is impractical here ({exc}); epsilon is reported with RDP "
                                   "(a valid, looser upper bound)", RuntimeWarning, stacklevel=3)
