@@ -180,8 +180,9 @@ class PartialSum:
         """:meth:`add` for the rows of ``updates`` (``[K, dim]``, numpy or torch, on any device) at once.
 
         The same arithmetic in float64, row by row: a row whose norm is not finite (a nan or inf in it) is
-        rejected; the others are clipped to ``clip`` and added with their ``weights`` (default 1). Only the ``[dim]`` sum and the
-        ``K`` norms leave the device. Returns the norms before clipping (nan for rejected rows).
+        rejected; the others are clipped to ``clip`` and added with their ``weights`` (default 1). Only the
+        ``[dim]`` sum and the ``K`` norms leave the device. Returns the norms before clipping (nan for rejected
+        rows). A numpy array is viewed as a CPU tensor (no copy): one implementation serves both.
         """
         if getattr(updates, "ndim", None) != 2:
             raise ValueError(f"add_batch needs a [K, dim] array of updates, got shape {getattr(updates, 'shape', None)}")
@@ -191,43 +192,26 @@ class PartialSum:
             return np.full(k, math.nan)
         if k == 0:
             return np.zeros(0)
-        if _is_torch(updates):
-            import torch
+        import torch
 
-            u = updates.detach()
-            w = torch.ones(k, dtype=torch.float64, device=u.device) if weights is None else torch.as_tensor(
-                np.asarray(weights, dtype=np.float64), device=u.device)
-            norms_t, finite_t = [], []
-            total = torch.zeros(self.dim, dtype=torch.float64, device=u.device)
-            for i in range(0, k, block):
-                rows = u[i : i + block].double()
-                nrm = torch.linalg.vector_norm(rows, dim=1)
-                fin = torch.isfinite(nrm)  # a nan or inf anywhere makes the norm non-finite
-                if not bool(fin.all()):
-                    rows = torch.where(fin[:, None], rows, 0.0)
-                scale = torch.where(nrm > clip, clip / nrm, torch.ones_like(nrm))
-                total += torch.mv(rows.T, torch.where(fin, scale * w[i : i + block], 0.0))
-                norms_t.append(nrm)
-                finite_t.append(fin)
-            norms = torch.cat(norms_t).cpu().numpy()
-            finite = torch.cat(finite_t).cpu().numpy()
-            total_np = total.cpu().numpy()
-        else:
-            u = np.asarray(updates)
-            w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
-            norms, finite = np.empty(k), np.empty(k, dtype=bool)
-            total_np = np.zeros(self.dim)
-            for i in range(0, k, block):
-                rows = u[i : i + block].astype(np.float64)
-                with np.errstate(over="ignore", invalid="ignore"):
-                    nrm = np.linalg.norm(rows, axis=1)
-                fin = np.isfinite(nrm)
-                if not fin.all():
-                    rows[~fin] = 0.0
-                with np.errstate(divide="ignore"):
-                    scale = np.where(nrm > clip, clip / np.where(nrm > 0, nrm, 1.0), 1.0)
-                total_np += rows.T @ np.where(fin, scale * w[i : i + block], 0.0)
-                norms[i : i + block], finite[i : i + block] = nrm, fin
+        u = updates.detach() if _is_torch(updates) else torch.from_numpy(np.asarray(updates))
+        w = torch.ones(k, dtype=torch.float64, device=u.device) if weights is None else torch.as_tensor(
+            np.asarray(weights, dtype=np.float64), device=u.device)
+        norms_t, finite_t = [], []
+        total = torch.zeros(self.dim, dtype=torch.float64, device=u.device)
+        for i in range(0, k, block):
+            rows = u[i : i + block].double()
+            nrm = torch.linalg.vector_norm(rows, dim=1)
+            fin = torch.isfinite(nrm)  # a nan or inf anywhere makes the norm non-finite
+            if not bool(fin.all()):
+                rows = torch.where(fin[:, None], rows, 0.0)
+            scale = torch.where(nrm > clip, clip / nrm, torch.ones_like(nrm))
+            total += torch.mv(rows.T, torch.where(fin, scale * w[i : i + block], 0.0))
+            norms_t.append(nrm)
+            finite_t.append(fin)
+        norms = torch.cat(norms_t).cpu().numpy()
+        finite = torch.cat(finite_t).cpu().numpy()
+        total_np = total.cpu().numpy()
         self.total += total_np
         accepted = int(finite.sum())
         self.count += accepted

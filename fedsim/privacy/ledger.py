@@ -167,7 +167,9 @@ class Ledger:
         relation = certified.ledger_relation(all_mechs)
         if method == "pld":
             try:
-                return self._pld_epsilon(rounds, relation, delta, cache)
+                eps = self._pld_epsilon(rounds, relation, delta, cache)
+                self.pld_fallback = None  # describes the last pld query only
+                return eps
             except _PldTooLarge as exc:
                 # Instead of exhausting memory: RDP is also a valid upper bound on the true epsilon, usually a
                 # looser one than PLD's, so the run over-reports rather than under-reports.
@@ -221,9 +223,10 @@ class Ledger:
         limit = certified.MAX_PLD_POINTS
         for events in rounds[n0:]:
             for m in events:
-                if certified.estimated_pld_points(m, relation, vdi) > limit:
+                points = certified.estimated_pld_points(m, relation, vdi)
+                if points > limit:
                     raise _PldTooLarge(f"one round of noise multiplier {m.noise_multiplier:g} needs about "
-                                       f"{certified.estimated_pld_points(m, relation, vdi):.3g} PLD points")
+                                       f"{points:.3g} PLD points")
 
         def compose(acc, m: Mechanism, n_rounds: int):
             p = certified.round_fast_pld(m, relation, vdi)
