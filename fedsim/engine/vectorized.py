@@ -4,9 +4,11 @@
 :meth:`fedsim.engine.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch
 size and the same batch order (:func:`fedsim.engine.shuffle.client_orders`, a function of
 ``(seed, round, client id, epoch)``). The model's parameters are stacked along a leading client axis. For the
-registry's models one SGD step of every client is one forward of batched matrix products and one autograd
-pass (:mod:`fedsim.engine.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
-(``torch.func.functional_call``). Both give each client exactly its own gradient.
+registry's models one SGD step of every client is a few batched matrix products with the backward pass
+written out (:mod:`fedsim.engine.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
+(``torch.func.functional_call``). Both give each client exactly its own gradient. On the CPU, a CNN1D chunk
+is trained instead by a fused C kernel (:mod:`fedsim.engine.native`, client by client with every step in
+cache) when it can be compiled; ``FEDSIM_NATIVE=0`` turns it off.
 
 Ragged clients: each client ``k`` takes ``ceil(n_k / batch_size)`` steps per epoch. Clients are sorted by
 that number (most steps first), so at step ``s`` of an epoch the clients still training are a prefix of the
@@ -105,6 +107,47 @@ def _batch_plan(
     return torch.from_numpy(idx), mask_t, mask_t.sum(-1).clamp_min(1.0), max_steps
 
 
+def _metrics(trainer: Any, cids: list[int], sizes: list[int], loss_sums: list[float]) -> list[dict[str, Any]]:
+    """Per-client metrics as ``train_one`` gives them (``train_loss``: mean of the per-step losses)."""
+    bsz, epochs = int(trainer.settings.batch_size), int(trainer.settings.local_epochs)
+    return [
+        {"client": int(c), "num_examples": int(n), "train_loss": float(lv) / max(1, math.ceil(n / bsz) * epochs)}
+        for c, n, lv in zip(cids, sizes, loss_sums, strict=True)
+    ]
+
+
+def _empty_chunk(trainer: Any, cids: list[int], global_w: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    return torch.zeros((len(cids), trainer.dim), device=trainer.device, dtype=global_w.dtype), [
+        {"client": int(c), "num_examples": 0, "train_loss": 0.0} for c in cids
+    ]
+
+
+def _train_chunk_native(
+    trainer: Any, dims: np.ndarray, server_round: int, cids: list[int], global_w: torch.Tensor
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """:func:`_train_chunk` with the fused CPU kernel :func:`fedsim.engine.native.cnn1d_train` (every step of
+    the chunk in one call; the same batches, losses and updates up to float rounding)."""
+    from . import native
+
+    s = trainer.settings
+    tensors = [trainer._tensors(c) for c in cids]
+    n = np.array([int(y.shape[0]) for _, y in tensors], dtype=np.int64)
+    if int(n.sum()) == 0:
+        return _empty_chunk(trainer, cids, global_w)
+    starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+    # numpy, not torch: a multi-threaded torch op here would leave PyTorch's OpenMP threads spinning on the
+    # cores the kernel's threads are about to use
+    x_all = np.concatenate([x.reshape(x.shape[0], -1).numpy() for x, _ in tensors])
+    y_all = np.concatenate([y.numpy() for _, y in tensors])
+    # each client's epochs in the order of train_one, as rows of the chunk's concatenated data
+    order = client_orders(s.seed, server_round, cids, n, int(s.local_epochs)) + np.repeat(starts, n)[None, :]
+    use_momentum = s.optimizer == "momentum" and s.momentum != 0.0
+    updates, loss_sum = native.cnn1d_train(
+        dims, global_w, x_all, y_all, order, starts, n, float(s.lr), float(s.momentum) if use_momentum else 0.0
+    )
+    return updates, _metrics(trainer, cids, n.tolist(), loss_sum.tolist())
+
+
 def _train_chunk(
     trainer: Any, step_fn: Any, names: list[str], server_round: int, cids: list[int], global_w: torch.Tensor
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
@@ -120,9 +163,7 @@ def _train_chunk(
         offsets.append(total)
         total += n
     if total == 0:
-        return torch.zeros((k, trainer.dim), device=device, dtype=global_w.dtype), [
-            {"client": int(c), "num_examples": 0, "train_loss": 0.0} for c in cids
-        ]
+        return _empty_chunk(trainer, cids, global_w)
     x_all = torch.cat([x for x, _ in tensors])
     y_all = torch.cat([y for _, y in tensors])
     idx, mask, count, max_steps = _batch_plan(trainer, server_round, cids, sizes, offsets)
@@ -165,14 +206,7 @@ def _train_chunk(
                         v[:a].add_(g, alpha=-lr)
 
     flat = torch.cat([params[name].reshape(k, -1) for name in names], dim=1)
-    updates = flat - global_w.unsqueeze(0)
-    total_steps = (steps * int(s.local_epochs)).clamp_min(1).double()
-    losses = (loss_sum.cpu() / total_steps).tolist()
-    metrics = [
-        {"client": int(c), "num_examples": int(n), "train_loss": float(lv)}
-        for c, n, lv in zip(cids, sizes, losses, strict=True)
-    ]
-    return updates, metrics
+    return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist())
 
 
 def train_vectorized_chunks(
@@ -199,12 +233,30 @@ def train_vectorized_chunks(
     steps = [math.ceil(int(n) / s.batch_size) for n in nums]
     order = sorted(range(len(cids)), key=lambda j: -steps[j])  # stable: ties keep the given order
     size = chunk_size or _chunk_size(trainer, int(s.batch_size), memory_budget)
-    step_fn = _make_step(trainer.model)
     gw = global_w.to(device=trainer.device, dtype=torch.float32)
     trainer.model.train()
+    dims = native_dims(trainer)
+    step_fn = None if dims is not None else _make_step(trainer.model)
     for start in range(0, len(order), size):
         part = [cids[j] for j in order[start : start + size]]
-        yield _train_chunk(trainer, step_fn, names, server_round, part, gw)
+        if dims is not None:
+            yield _train_chunk_native(trainer, dims, server_round, part, gw)
+        else:
+            yield _train_chunk(trainer, step_fn, names, server_round, part, gw)
+
+
+def native_dims(trainer: Any) -> np.ndarray | None:
+    """The fused CPU kernel's dims for ``trainer``'s model when that kernel will train it (a CNN1D on the CPU,
+    :func:`fedsim.engine.native.available`), else ``None`` (the PyTorch path)."""
+    from . import native
+
+    if trainer.device.type != "cpu" or not native.enabled():
+        return None
+
+    dims = native.cnn1d_dims(trainer.model, int(trainer.settings.batch_size))
+    if dims is None or not native.available():
+        return None
+    return dims
 
 
 def train_vectorized(

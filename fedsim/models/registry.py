@@ -56,6 +56,7 @@ class CNN1D(nn.Module):
         kernel_size: int = 5,
     ) -> None:
         super().__init__()
+        self.input_dim = int(input_dim)
         if len(channels) != 2:
             raise ValueError(f"invalid channels={tuple(channels)!r}: allowed two positive integers")
         c1, c2 = channels
