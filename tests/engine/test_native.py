@@ -194,3 +194,16 @@ def test_thread_count_does_not_change_the_result(mnist1d):
     for updates, losses in results[1:]:
         assert torch.equal(updates, results[0][0]) and np.array_equal(losses, results[0][1])
     assert bool((results[0][0] != 0).any(dim=1).all())  # every client trained
+
+
+@needs_kernel
+def test_a_batch_larger_than_every_client_is_one_full_batch(mnist1d):
+    # scratch memory follows the clients' sizes, not batch_size: a huge batch_size must not allocate for it
+    cids = [2, 5, 8]
+    out = {}
+    for batch_size in (10**8, int(max(mnist1d.num_examples_array(cids)))):
+        trainer, w = _setup(mnist1d, "sgd", 2, batch_size)
+        out[batch_size] = [u for u, _ in vec.train_vectorized(trainer, 1, cids, w)]
+    a, b = out.values()
+    for ua, ub in zip(a, b, strict=True):
+        assert torch.equal(ua, ub)

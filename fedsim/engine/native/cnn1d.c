@@ -166,19 +166,23 @@ static void *train_clients(void *arg) {
     const size_t xdim = (size_t)C0 * L0;
     /* zero-padded input length: every tap of every output inside, L0 + 2*P1 at least */
     const int LP = (L1 - 1) * S1 + K1 > L0 + P1 ? (L1 - 1) * S1 + K1 : L0 + P1;
+    /* the largest batch these clients take (a batch size far above the clients' sizes costs no memory) */
+    int64_t nb = 1;
+    for (int k = job->k0; k < job->k1; k++) nb = sizes[k] > nb ? sizes[k] : nb;
+    const int BA = nb < B ? (int)nb : B;
 
     size_t bufsz[] = {
-        (size_t)B * L1 * C1,  /* a1 (channels-last) */
-        (size_t)B * L2 * ck2, /* cols2, then d cols2 */
-        (size_t)B * L2 * C2,  /* a2 */
-        (size_t)B * L2 * C2,  /* dz2 */
-        (size_t)B * O,        /* logits, then d loss / d logits */
-        (size_t)B * L1 * C1,  /* da1, then dz1 in place */
-        (size_t)DIM,          /* gradient, internal layout */
-        (size_t)DIM,          /* relayout scratch */
-        (size_t)DIM,          /* momentum buffer */
-        (size_t)O,            /* softmax scratch */
-        (size_t)B * C0 * LP,  /* zero-padded inputs */
+        (size_t)BA * L1 * C1,  /* a1 (channels-last) */
+        (size_t)BA * L2 * ck2, /* cols2, then d cols2 */
+        (size_t)BA * L2 * C2,  /* a2 */
+        (size_t)BA * L2 * C2,  /* dz2 */
+        (size_t)BA * O,        /* logits, then d loss / d logits */
+        (size_t)BA * L1 * C1,  /* da1, then dz1 in place */
+        (size_t)DIM,           /* gradient, internal layout */
+        (size_t)DIM,           /* relayout scratch */
+        (size_t)DIM,           /* momentum buffer */
+        (size_t)O,             /* softmax scratch */
+        (size_t)BA * C0 * LP,  /* zero-padded inputs */
     };
     enum { NBUF = sizeof(bufsz) / sizeof(bufsz[0]) };
     float *mem[NBUF];
