@@ -137,7 +137,7 @@ def _train_chunk_native(
     starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
     # numpy, not torch: a multi-threaded torch op here would leave PyTorch's OpenMP threads spinning on the
     # cores the kernel's threads are about to use
-    x_all = np.concatenate([x.reshape(x.shape[0], -1).numpy() for x, _ in tensors])
+    x_all = np.concatenate([x.numpy() for x, _ in tensors]).reshape(int(n.sum()), -1)
     y_all = np.concatenate([y.numpy() for _, y in tensors])
     # each client's epochs in the order of train_one, as rows of the chunk's concatenated data
     order = client_orders(s.seed, server_round, cids, n, int(s.local_epochs)) + np.repeat(starts, n)[None, :]
