@@ -294,6 +294,9 @@ def run_scenario(
             }
             if client_metrics:
                 row["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
+                # which implementation trained the cohort (loop, vectorized, native-cnn1d): the fused kernel
+                # and PyTorch agree to float rounding per round, not bit for bit
+                row["local_training"] = ",".join(sorted({str(c.get("trainer", "unknown")) for c in client_metrics}))
             pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
                 row.update(evaluation_columns(

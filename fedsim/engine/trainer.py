@@ -142,7 +142,7 @@ class ClientTrainer:
                 loss_sum += float(loss.detach())
                 steps += 1
         update = self._flat() - global_w
-        return update, {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1)}
+        return update, {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1), "trainer": "loop"}
 
     def train(
         self,
@@ -174,7 +174,7 @@ class ClientTrainer:
                 partial.add_extra("domain_loss", d, loss, num_domains)
                 partial.add_extra("domain_count", d, 1.0, num_domains)
         cids = [int(c) for c in client_ids]
-        if self.settings.vectorize and len(cids) > 1 and noise_share_std == 0:
+        if self.settings.vectorize and cids and noise_share_std == 0:
             from .vectorized import train_vectorized_chunks
 
             # the whole chunk is clipped and summed on the device at once; only the sum leaves it
@@ -187,7 +187,7 @@ class ClientTrainer:
             position = {c: i for i, c in enumerate(cids)}
             metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, as the loop gives
             return partial, metrics
-        if self.settings.vectorize and len(cids) > 1:
+        if self.settings.vectorize and cids:
             from .vectorized import train_vectorized
 
             results = train_vectorized(self, server_round, cids, global_w)

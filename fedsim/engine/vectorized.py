@@ -107,19 +107,24 @@ def _batch_plan(
     return torch.from_numpy(idx), mask_t, mask_t.sum(-1).clamp_min(1.0), max_steps
 
 
-def _metrics(trainer: Any, cids: list[int], sizes: list[int], loss_sums: list[float]) -> list[dict[str, Any]]:
-    """Per-client metrics as ``train_one`` gives them (``train_loss``: mean of the per-step losses)."""
+def _metrics(
+    trainer: Any, cids: list[int], sizes: list[int], loss_sums: list[float], path: str
+) -> list[dict[str, Any]]:
+    """Per-client metrics as ``train_one`` gives them (``train_loss``: mean of the per-step losses), and
+    ``trainer``: which implementation trained the client."""
     bsz, epochs = int(trainer.settings.batch_size), int(trainer.settings.local_epochs)
     return [
-        {"client": int(c), "num_examples": int(n), "train_loss": float(lv) / max(1, math.ceil(n / bsz) * epochs)}
+        {"client": int(c), "num_examples": int(n), "train_loss": float(lv) / max(1, math.ceil(n / bsz) * epochs),
+         "trainer": path}
         for c, n, lv in zip(cids, sizes, loss_sums, strict=True)
     ]
 
 
-def _empty_chunk(trainer: Any, cids: list[int], global_w: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    return torch.zeros((len(cids), trainer.dim), device=trainer.device, dtype=global_w.dtype), [
-        {"client": int(c), "num_examples": 0, "train_loss": 0.0} for c in cids
-    ]
+def _empty_chunk(
+    trainer: Any, cids: list[int], global_w: torch.Tensor, path: str
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    zeros = torch.zeros((len(cids), trainer.dim), device=trainer.device, dtype=global_w.dtype)
+    return zeros, _metrics(trainer, cids, [0] * len(cids), [0.0] * len(cids), path)
 
 
 def _train_chunk_native(
@@ -133,7 +138,7 @@ def _train_chunk_native(
     tensors = [trainer._tensors(c) for c in cids]
     n = np.array([int(y.shape[0]) for _, y in tensors], dtype=np.int64)
     if int(n.sum()) == 0:
-        return _empty_chunk(trainer, cids, global_w)
+        return _empty_chunk(trainer, cids, global_w, "native-cnn1d")
     starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
     # numpy, not torch: a multi-threaded torch op here would leave PyTorch's OpenMP threads spinning on the
     # cores the kernel's threads are about to use
@@ -145,7 +150,7 @@ def _train_chunk_native(
     updates, loss_sum = native.cnn1d_train(
         dims, global_w, x_all, y_all, order, starts, n, float(s.lr), float(s.momentum) if use_momentum else 0.0
     )
-    return updates, _metrics(trainer, cids, n.tolist(), loss_sum.tolist())
+    return updates, _metrics(trainer, cids, n.tolist(), loss_sum.tolist(), "native-cnn1d")
 
 
 def _train_chunk(
@@ -163,7 +168,7 @@ def _train_chunk(
         offsets.append(total)
         total += n
     if total == 0:
-        return _empty_chunk(trainer, cids, global_w)
+        return _empty_chunk(trainer, cids, global_w, "vectorized")
     x_all = torch.cat([x for x, _ in tensors])
     y_all = torch.cat([y for _, y in tensors])
     idx, mask, count, max_steps = _batch_plan(trainer, server_round, cids, sizes, offsets)
@@ -206,7 +211,7 @@ def _train_chunk(
                         v[:a].add_(g, alpha=-lr)
 
     flat = torch.cat([params[name].reshape(k, -1) for name in names], dim=1)
-    return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist())
+    return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist(), "vectorized")
 
 
 def train_vectorized_chunks(

@@ -100,6 +100,7 @@ def test_partial_sums_match_the_torch_path(mnist1d, monkeypatch):
     monkeypatch.setenv("FEDSIM_NATIVE", "0")
     slow, m_slow = ClientTrainer(mnist1d, settings, device="cpu").train(1, cids, w, clip=0.5)
     assert fast.count == slow.count == cids.size
+    assert {m["trainer"] for m in m_fast} == {"native-cnn1d"} and {m["trainer"] for m in m_slow} == {"vectorized"}
     assert np.abs(fast.total - slow.total).max() < 1e-5
     np.testing.assert_allclose([m["update_norm"] for m in m_fast], [m["update_norm"] for m in m_slow], rtol=1e-5)
 
@@ -207,3 +208,20 @@ def test_a_batch_larger_than_every_client_is_one_full_batch(mnist1d):
     a, b = out.values()
     for ua, ub in zip(a, b, strict=True):
         assert torch.equal(ua, ub)
+
+
+@needs_kernel
+def test_rows_say_which_implementation_trained(monkeypatch):
+    from fedsim.engine.runner import run_scenario
+    from fedsim.scenarios import load_scenario
+
+    scenario = load_scenario("quickstart", [
+        "data.dataset=mnist1d", "data.num_samples=2000", "data.num_clients=20", "model.name=cnn1d",
+        "engine.name=local", "engine.vectorize=true", "rounds=2", "client.local_epochs=1",
+    ])
+    fast = run_scenario(scenario, write=False).rows
+    monkeypatch.setenv("FEDSIM_NATIVE", "0")
+    slow = run_scenario(scenario, write=False).rows
+    assert [r["local_training"] for r in fast] == ["native-cnn1d"] * 2
+    assert [r["local_training"] for r in slow] == ["vectorized"] * 2
+    assert fast[-1]["train_loss"] == pytest.approx(slow[-1]["train_loss"], rel=1e-4)
