@@ -462,7 +462,6 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
                 torch.bmm(a_, b2)
             reps += 1
         gemm_time = (time.perf_counter() - t) / reps
-        step_useful = step_flops / w["batch"] * b_ * k
     finally:
         torch.set_num_threads(threads)
     print("\nSmall CNN (cnn1d on MNIST-1D), 1 thread")

@@ -212,8 +212,9 @@ def test_a_batch_larger_than_every_client_is_one_full_batch(mnist1d):
 
 @needs_kernel
 def test_rows_say_which_implementation_trained(monkeypatch):
-    from fedsim.engine.runner import run_scenario
     from fedsim.scenarios import load_scenario
+
+    from fedsim.engine.runner import run_scenario
 
     scenario = load_scenario("quickstart", [
         "data.dataset=mnist1d", "data.num_samples=2000", "data.num_clients=20", "model.name=cnn1d",
