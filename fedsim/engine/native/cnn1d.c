@@ -98,35 +98,25 @@ enum { D_C0, D_L0, D_C1, D_K1, D_S1, D_P1, D_L1, D_C2, D_K2, D_S2, D_P2, D_L2, D
  *   conv2.weight [C2, C1, K2]  ->  [C2, K2*C1]  (columns (tap, channel): im2col rows are memcpy's of
  *                                                 channels-last activations)
  *   head.weight  [O, C2*L2]    ->  [O, L2*C2]   (channels-last flatten)
- * `forward` is 1 to go to the internal layout, 0 to come back. */
+ * Each is a swap of the last two axes of an [A, X, Y] array; `forward` is 1 to go to the internal layout,
+ * 0 to come back. */
+static void swap_axes(float *w, float *tmp, int A, int X, int Y, int forward) {
+    const size_t per = (size_t)X * Y;
+    memcpy(tmp, w, (size_t)A * per * sizeof(float));
+    for (int a = 0; a < A; a++)
+        for (int x = 0; x < X; x++)
+            for (int y = 0; y < Y; y++) {
+                const size_t canon = a * per + (size_t)x * Y + y, inner = a * per + (size_t)y * X + x;
+                if (forward) w[inner] = tmp[canon];
+                else w[canon] = tmp[inner];
+            }
+}
+
 static void relayout(float *p, float *tmp, int C0, int C1, int K1, int C2, int K2, int L2, int O, int ow1,
                      int ow2, int oh, int forward) {
-    const int n1 = C1 * C0 * K1, n2 = C2 * C1 * K2, nh = O * C2 * L2;
-    /* conv1 */
-    memcpy(tmp, p + ow1, (size_t)n1 * sizeof(float));
-    for (int c = 0; c < C1; c++)
-        for (int q = 0; q < C0 * K1; q++) {
-            if (forward) p[ow1 + q * C1 + c] = tmp[c * C0 * K1 + q];
-            else p[ow1 + c * C0 * K1 + q] = tmp[q * C1 + c];
-        }
-    /* conv2 */
-    memcpy(tmp, p + ow2, (size_t)n2 * sizeof(float));
-    for (int o = 0; o < C2; o++)
-        for (int c = 0; c < C1; c++)
-            for (int j = 0; j < K2; j++) {
-                const size_t canon = (size_t)o * C1 * K2 + c * K2 + j, inner = (size_t)o * C1 * K2 + j * C1 + c;
-                if (forward) p[ow2 + inner] = tmp[canon];
-                else p[ow2 + canon] = tmp[inner];
-            }
-    /* head */
-    memcpy(tmp, p + oh, (size_t)nh * sizeof(float));
-    for (int o = 0; o < O; o++)
-        for (int c = 0; c < C2; c++)
-            for (int t = 0; t < L2; t++) {
-                const size_t canon = (size_t)o * C2 * L2 + c * L2 + t, inner = (size_t)o * C2 * L2 + t * C2 + c;
-                if (forward) p[oh + inner] = tmp[canon];
-                else p[oh + canon] = tmp[inner];
-            }
+    swap_axes(p + ow1, tmp, 1, C1, C0 * K1, forward);
+    swap_axes(p + ow2, tmp, C2, C1, K2, forward);
+    swap_axes(p + oh, tmp, O, C2, L2, forward);
 }
 
 typedef struct {
