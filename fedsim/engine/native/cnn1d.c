@@ -235,16 +235,14 @@ static void *train_clients(void *arg) {
                                 vstore(out + 2 * C1, vrelu(acc2));
                                 vstore(out + 3 * C1, vrelu(acc3));
                             }
-                    for (int t = t0; t < L1; t++) {
+                    for (int t = t0; t < L1; t++) { /* the rest, and any channel count */
                         float *restrict out = a1 + ((size_t)i * L1 + t) * C1;
-                        {
-                            memcpy(out, b1, (size_t)C1 * sizeof(float));
-                            for (int c0 = 0; c0 < C0; c0++) {
-                                const float *xs = xi + (size_t)c0 * LP + t * S1;
-                                for (int j = 0; j < K1; j++) axpy(C1, xs[j], w1 + (size_t)(c0 * K1 + j) * C1, out);
-                            }
-                            relu(C1, out);
+                        memcpy(out, b1, (size_t)C1 * sizeof(float));
+                        for (int c0 = 0; c0 < C0; c0++) {
+                            const float *xs = xi + (size_t)c0 * LP + t * S1;
+                            for (int j = 0; j < K1; j++) axpy(C1, xs[j], w1 + (size_t)(c0 * K1 + j) * C1, out);
                         }
+                        relu(C1, out);
                     }
                 }
 
@@ -393,8 +391,8 @@ static void *train_clients(void *arg) {
 /* Trains `clients` clients (see the top of this file) on up to `threads` threads, each a contiguous range of
  * clients with about the same number of examples. Returns 0 on success, 1 if sgemm was not set, 2 if
  * memory could not be allocated, 3 if a label is out of range. */
-int fedsim_cnn1d_train(const int32_t *dims, const float *global_w, float *updates, const float *x_all, const int64_t *y_all,
-                       const int64_t *order, const int64_t *offsets, const int64_t *sizes, int epochs,
+int fedsim_cnn1d_train(const int32_t *dims, const float *global_w, float *updates, const float *x_all,
+                       const int64_t *y_all, const int64_t *order, const int64_t *offsets, const int64_t *sizes, int epochs,
                        int64_t total, int clients, float lr, float momentum, double *loss_sum, int threads) {
     if (!g_sgemm) return 1;
     if (threads > clients) threads = clients;
@@ -417,7 +415,8 @@ int fedsim_cnn1d_train(const int32_t *dims, const float *global_w, float *update
         jobs[w] = base;
         jobs[w].k0 = k;
         const int64_t goal = all * (w + 1) / threads; /* examples up to the end of this worker's range */
-        while (k < clients && (w == threads - 1 || done + sizes[k] + 1 <= goal || k == jobs[w].k0)) done += sizes[k++] + 1;
+        while (k < clients && (w == threads - 1 || done + sizes[k] + 1 <= goal || k == jobs[w].k0))
+            done += sizes[k++] + 1;
         jobs[w].k1 = k;
     }
     char *running = (char *)calloc((size_t)threads, 1);
