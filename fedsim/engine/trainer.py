@@ -142,7 +142,8 @@ class ClientTrainer:
                 loss_sum += float(loss.detach())
                 steps += 1
         update = self._flat() - global_w
-        return update, {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1), "trainer": "loop"}
+        metrics = {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1), "trainer": "loop"}
+        return update, metrics
 
     def train(
         self,

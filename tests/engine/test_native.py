@@ -226,3 +226,12 @@ def test_rows_say_which_implementation_trained(monkeypatch):
     assert [r["local_training"] for r in fast] == ["native-cnn1d"] * 2
     assert [r["local_training"] for r in slow] == ["vectorized"] * 2
     assert fast[-1]["train_loss"] == pytest.approx(slow[-1]["train_loss"], rel=1e-4)
+
+
+@needs_kernel
+def test_a_zero_batch_size_is_refused(mnist1d):
+    dims, w, x_all, y_all, order, offsets, sizes = _kernel_args(mnist1d)
+    dims = dims.copy()
+    dims[13] = 0
+    with pytest.raises(ValueError, match="dims must be"):
+        native.cnn1d_train(dims, w, x_all, y_all, order, offsets, sizes, 0.1, 0.0)

@@ -1,4 +1,5 @@
-"""A non-editable wheel install imports fedsim, fedsim.strategies and fedsim.scenarios (with its TOML files)."""
+"""A non-editable wheel install imports fedsim, fedsim.strategies and fedsim.scenarios (with its TOML files),
+and carries the fused kernel's C source, which builds there."""
 
 import os
 import shutil
@@ -41,7 +42,12 @@ def test_wheel_installs_namespaced_packages(tmp_path):
         "from fedsim.scenarios import available_scenarios, load_scenario;"
         "assert 'quickstart' in available_scenarios(), available_scenarios();"
         "load_scenario('quickstart');"
-        "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__)"
+        "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__);"
+        # the fused kernel's C source ships in the wheel (it is compiled on first use)
+        "import fedsim.engine.native as nat; print(nat._SRC); assert nat._SRC.is_file(), nat._SRC;"
+        "import platform, shutil;"
+        "ok = nat.available() or not (platform.machine() == 'x86_64' and shutil.which('cc'));"
+        "assert ok, nat.unavailable_reason()"
     )
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]

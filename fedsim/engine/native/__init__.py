@@ -226,6 +226,10 @@ def cnn1d_train(dims: np.ndarray, global_w: torch.Tensor, x_all: np.ndarray, y_a
     lib = _load()
     if lib is None:  # (used when disabled too: callers decide with available())
         raise RuntimeError(f"fedsim's native kernels are unavailable: {unavailable_reason()}")
+    dims = np.ascontiguousarray(dims, dtype=np.int32)
+    positive = (0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13)  # channels, lengths, kernels, strides, classes, batch
+    if dims.shape != (21,) or int(dims[:14].min()) < 0 or min(int(dims[i]) for i in positive) < 1:
+        raise ValueError(f"cnn1d_train: dims must be the 21 values of cnn1d_dims (sizes >= 1); got {dims.tolist()}")
     x_all = np.ascontiguousarray(x_all, dtype=np.float32)
     y_all = np.ascontiguousarray(y_all, dtype=np.int64)
     order = np.ascontiguousarray(order, dtype=np.int64)
