@@ -225,8 +225,9 @@ def train_vectorized_chunks(
 ) -> Iterator[tuple[torch.Tensor, list[dict[str, Any]]]]:
     """Train ``client_ids`` from ``global_w`` together, a chunk at a time (most local steps first); yield
     ``(updates, metrics)`` per chunk: ``updates[i]`` is the flat float32 ``w - global_w`` of client
-    ``metrics[i]["client"]``, on ``trainer.device``; ``metrics`` hold ``client``, ``num_examples`` and
-    ``train_loss`` (mean batch loss over the client's steps), as ``train_one``'s do."""
+    ``metrics[i]["client"]``, on ``trainer.device``; ``metrics`` hold ``client``, ``num_examples``,
+    ``train_loss`` (mean batch loss over the client's steps) and ``trainer`` (``vectorized`` or
+    ``native-cnn1d``), as ``train_one``'s do."""
     s = trainer.settings
     cids = [int(c) for c in client_ids]
     if not cids:
@@ -257,7 +258,6 @@ def native_dims(trainer: Any) -> np.ndarray | None:
 
     if trainer.device.type != "cpu" or not native.enabled():
         return None
-
     dims = native.cnn1d_dims(trainer.model, int(trainer.settings.batch_size))
     if dims is None or not native.available():
         return None

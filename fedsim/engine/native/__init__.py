@@ -168,9 +168,7 @@ def unavailable_reason() -> str:
     return str(_state.get("reason", ""))
 
 
-def _ptr(t: torch.Tensor | np.ndarray | None) -> int | None:
-    if t is None:
-        return None
+def _ptr(t: torch.Tensor | np.ndarray) -> int:
     return int(t.data_ptr()) if isinstance(t, torch.Tensor) else int(t.ctypes.data)
 
 
