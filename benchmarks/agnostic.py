@@ -69,15 +69,15 @@ def scenarios(path: str, overrides: list[str], seed: int, target_z: float | None
 
 def summarize(result: Any) -> dict[str, Any]:
     last = result.rows[-1]
-    tr, ho = last["domains_train"], last.get("domains_heldout")
+    tr, ho = last["non_private"]["domains_train"], last.get("domains_heldout")
     out = {
         "epsilon": float(result.strategy.epsilon()),
         "z": result.strategy.noise_multiplier,
-        "worst_train": float(last["worst_domain_train_loss"]),
+        "worst_train": float(last["non_private"]["worst_domain_train_loss"]),
         "worst_heldout": float(last.get("worst_domain_heldout_loss", math.nan)),
         "loss_train": [d["loss"] for d in tr],
         "loss_heldout": [d["loss"] for d in ho] if ho else [],
-        "acc_train": float(last["train_accuracy"]),
+        "acc_train": float(last["non_private"]["train_accuracy"]),
         "acc_heldout": float(last.get("heldout_accuracy", math.nan)),
         "acc_dom_train": [d["accuracy"] for d in tr],
         "rounds": len(result.rows),

@@ -106,9 +106,9 @@ def run_fedsim(w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray
     rows = res.rows
     # the last round always evaluates the model (run_scenario); keep it out of the steady state
     body = rows[:-1] if len(rows) > STEADY_SKIP + 1 else rows
-    rt = [r["round_time_s"] for r in body]
-    tt = [r["train_time_s"] for r in body]
-    cohorts = [r["cohort"] for r in body]
+    rt = [r["non_private"]["round_time_s"] for r in body]
+    tt = [r["non_private"]["train_time_s"] for r in body]
+    cohorts = [r["non_private"]["cohort"] for r in body]
     s = steady(rt)
     return {
         "name": (f"fedsim Ray {workers}x{2 // workers} CPU" if engine == "ray" else "fedsim Local (1 proc)")

@@ -85,10 +85,11 @@ def _print_summary(console: Any, result: Any) -> None:
     t = result.timings
     parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s")
     console.print(f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts})")
+    diag = last.get("non_private", {})
     if last.get("heldout_accuracy") is not None:
         console.print(
-            f"final: train acc {last['train_accuracy']:.3f}, held-out acc {last['heldout_accuracy']:.3f}, "
-            f"gap {last['gap_accuracy']:+.3f}"
+            f"final: held-out acc {last['heldout_accuracy']:.3f}; train acc {diag['train_accuracy']:.3f}, "
+            f"gap {diag['gap_accuracy']:+.3f} (non-private diagnostics: epsilon does not cover them)"
         )
     igmm = last.get("paper_epsilon_igmm")
     console.print(

@@ -63,6 +63,11 @@ class PrivacyConfig(_Section):
     noise_placement: Literal["central", "distributed"] = "central"
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Literal["pld", "rdp"] = "pld"
+    randomness: Literal["seeded", "os-entropy"] = Field(
+        "seeded",
+        description="where the cohort and the noise come from: 'seeded' (from seed: reproducible simulation) or "
+        "'os-entropy' (the operating system; what a deployment always uses)",
+    )
     max_epsilon: float | None = Field(None, gt=0, description="stop before a round that would exceed it")
     adaptive_clip: bool = False
     target_quantile: float = Field(0.5, gt=0, lt=1)

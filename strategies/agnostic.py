@@ -18,6 +18,13 @@ Two releases per round, both on the round's sampled cohort and both recorded in 
 
 ``lambda`` is a function of past noised releases only (post-processing), so the per-client weights of a round
 are fixed before any client of that round is seen.
+
+**Domain sizes are public.** The number of clients in each domain (``N_d``, hence ``m_d`` and the weights) is
+treated as public knowledge, like the population size and the schedule: it is not noised and epsilon does not
+cover it. Which domain a given client belongs to is used only to weight that client's own contribution.
+
+A reply whose loss is not a finite number is rejected whole (its update is not aggregated either): clamping
+alone would let a NaN through and make ``lambda`` NaN for the rest of the run.
 """
 
 from __future__ import annotations
@@ -30,7 +37,15 @@ import numpy as np
 from flwr.app import Message
 
 from fedsim.privacy import Mechanism
-from fedsim.privacy.aggregation import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, id_array, make_rng, private_mean
+from fedsim.privacy.aggregation import (
+    STREAM_LOSS_NOISE,
+    STREAM_NOISE,
+    PartialSum,
+    bounded_value,
+    id_array,
+    make_rng,
+    private_mean,
+)
 
 from .dpfedavg import MET_LOSS, DPFedAvg, RoundPlan, _reply_metric
 
@@ -108,7 +123,7 @@ class DPAgnosticFedAvg(DPFedAvg):
     def _loss_mechanism(self, model: Mechanism) -> Mechanism:
         return model.replace(clip=1.0, noise_multiplier=self.loss_noise_multiplier)
 
-    def _releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
+    def round_releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
         return [("model", model), ("domain-losses", self._loss_mechanism(model))]
 
     def _expected_per_domain(self, model: Mechanism) -> np.ndarray:
@@ -167,6 +182,12 @@ class DPAgnosticFedAvg(DPFedAvg):
         if client not in plan.client_weights:  # a reply from a node that was not sampled: never aggregated
             partial.reject()
             return
+        # the loss enters a noised sum: a missing or non-finite one rejects the whole reply; else bound to [0, 1]
+        loss = bounded_value(_reply_metric(msg, MET_LOSS, math.nan), 0.0, 1.0)
+        if loss is None:
+            partial.reject()
+            return
+        count = partial.count
         partial.add(update, plan.clip, weight=plan.client_weights[client])
-        loss = min(max(_reply_metric(msg, MET_LOSS, 0.0), 0.0), 1.0)  # enforce the [0, 1] bound here too
-        partial.add_extra("domain_loss", self.domain(client), loss, self.num_domains)
+        if partial.count > count:  # the update was accepted: its loss joins the per-domain sums
+            partial.add_extra("domain_loss", self.domain(client), loss, self.num_domains)

@@ -36,6 +36,7 @@ from fedsim.privacy.aggregation import (
     STREAM_NOISE,
     STREAM_SAMPLING,
     PartialSum,
+    bounded_value,
     flatten,
     id_array,
     make_rng,
@@ -44,6 +45,7 @@ from fedsim.privacy.aggregation import (
     sample_cohort,
     unflatten,
 )
+from fedsim.privacy.randomness import randomness_kind
 
 from .server_opt import ServerOptimizer
 
@@ -52,8 +54,14 @@ CFG_ROUND = "server-round"
 CFG_CLIP = "fedsim.clip"
 CFG_NOISE_STD = "fedsim.noise-share-std"
 CFG_LOSS_BOUND = "fedsim.loss-bound"
-MET_UNCLIPPED = "fedsim.unclipped"
+CFG_COUNT_NOISE_STD = "fedsim.count-noise-share-std"  # distributed noise + adaptive clipping: the bit's share
+MET_UNCLIPPED_NOISED = "fedsim.unclipped-noised"  # distributed noise: that bit plus the client's noise share
 MET_LOSS = "fedsim.loss"  # the client's loss of the global model, per example clipped to [0, bound] / bound
+
+#: The key under which a round's metrics hold what epsilon does NOT cover: exact counts of the cohort and of the
+#: replies, statistics of the un-noised update norms, training-client metrics, timings. Everything else in a
+#: round's metrics is a function of the accounted, noised releases (or of public parameters).
+NON_PRIVATE = "non_private"
 
 
 class BudgetExhausted(RuntimeError):
@@ -96,6 +104,8 @@ class RoundPlan:
     mechanism: Mechanism
     noise_share_std: float = 0.0
     releases: list[tuple[str, Mechanism]] = field(default_factory=list)
+    noise_seed: int | None = None  # seeds distributed noise shares in simulation; None: OS entropy
+    count_share_std: float = 0.0  # distributed noise with adaptive clipping: each client's share on its bit
     client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
     loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
 
@@ -118,11 +128,20 @@ class DPFedAvg(Strategy):
     server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
     delta, accountant, max_epsilon : the certified epsilon is computed at ``delta`` with ``accountant``
         (``"pld"`` or ``"rdp"``); a round whose release would exceed ``max_epsilon`` is not run.
-    seed : seeds the sampling and noise generators (None: operating-system entropy; use that when deploying).
-    population : number of clients the mechanism is defined over. Default: the number of connected nodes
-        (Flower) or of training clients (fedsim engines).
+    seed : seeds the sampling and noise generators (simulation). ``None`` (the default): every random
+        quantity that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn
+        from the operating system's entropy; deployments must use that.
+    population : the number of clients sampled from, as a check. The mechanism is always accounted over the
+        clients actually sampled from in each round (the connected nodes under Flower, the training clients in
+        fedsim's engines); a different ``population`` is refused, because each available client is then
+        sampled with a different probability than the one accounted.
     fraction_evaluate : fraction of nodes asked for federated evaluation. Client evaluation metrics are
-        *not* privatised nor accounted; keep 0 (the default) when they would leave the trust boundary.
+        *not* privatised nor accounted: needs ``diagnostics=True``.
+    diagnostics : also return the round's non-private diagnostics (:data:`NON_PRIVATE`: exact cohort and reply
+        counts, un-noised norm statistics) to Flower, which logs them, and allow federated evaluation. Off by
+        default: without it, only noised or public quantities leave the strategy through Flower.
+    ledger : a ledger to continue (e.g. ``Ledger.load("ledger.json")`` of an earlier run): its releases count
+        toward ``max_epsilon`` and new rounds are recorded after its last round.
     """
 
     def __init__(
@@ -142,6 +161,7 @@ class DPFedAvg(Strategy):
         seed: int | None = None,
         population: int | None = None,
         fraction_evaluate: float = 0.0,
+        diagnostics: bool = False,
         ledger: Ledger | None = None,
     ) -> None:
         if sampling not in SAMPLINGS:
@@ -158,6 +178,11 @@ class DPFedAvg(Strategy):
             raise ValueError(f"accountant must be 'pld' or 'rdp' (certified), got {accountant!r}")
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if fraction_evaluate > 0 and not diagnostics:
+            raise ValueError(
+                f"fraction_evaluate={fraction_evaluate} asks clients for un-noised evaluation metrics that epsilon "
+                "does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0"
+            )
         self.sampling = sampling
         self.sampling_rate = sampling_rate
         self.clients_per_round = clients_per_round
@@ -172,7 +197,10 @@ class DPFedAvg(Strategy):
         self.seed = seed
         self.population = population
         self.fraction_evaluate = fraction_evaluate
+        self.diagnostics = bool(diagnostics)
         self.ledger = ledger if ledger is not None else Ledger()
+        # a continued ledger: this run's round t is recorded as round (offset + t)
+        self._round_offset = self.ledger.last_round
         self.history: list[dict[str, Any]] = []
         self.stopped_reason: str | None = None
         self._pending: tuple[RoundPlan, ArrayRecord] | None = None
@@ -210,12 +238,17 @@ class DPFedAvg(Strategy):
         z_b = self.adaptive_clipping.count_noise_multiplier
         return float(z_b) if z_b is not None else model.expected_cohort / 20.0
 
-    def _releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
+    def round_releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
         """Everything one round releases, each on the round's cohort (the budget check and the ledger)."""
         releases = [("model", model)]
         if self.adaptive_clipping is not None:
             releases.append(("clip-count", self._count_mechanism(model)))
         return releases
+
+    @property
+    def randomness(self) -> str:
+        """``"seeded"`` (simulation: reproducible from ``seed``) or ``"os-entropy"`` (deployment)."""
+        return randomness_kind(self.seed)
 
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
@@ -225,11 +258,18 @@ class DPFedAvg(Strategy):
     def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
         """Check the budget, sample the cohort and fix the round's clip. Raises :class:`BudgetExhausted`."""
         ids = id_array(client_ids)
-        population = int(self.population or ids.size)
         if ids.size == 0:
             raise ValueError("no clients are available to sample from")
+        population = int(ids.size)
+        if self.population is not None and int(self.population) != population:
+            raise ValueError(
+                f"population={self.population} but round {server_round} samples from {population} available "
+                f"clients: each of them is sampled with the probability computed over {population}, so the "
+                f"mechanism must be accounted over {population}, not {self.population}. Leave population unset "
+                "(it is then the number of clients sampled from), or make exactly that many clients available"
+            )
         model = self.mechanism(population)
-        releases = self._releases(model)
+        releases = self.round_releases(model)
         if self.max_epsilon is not None:
             if self.ledger.would_exceed(
                 model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases[1:]]
@@ -244,12 +284,13 @@ class DPFedAvg(Strategy):
             ids, self.sampling, rng, sampling_rate=model.q if self.sampling == "poisson" else None,
             clients_per_round=self.clients_per_round,
         )
-        share = (
-            noise_share_std(self.noise_multiplier, self.clip, cohort.size)
-            if self.noise_placement == "distributed"
-            else 0.0
-        )
-        return RoundPlan(server_round, cohort, population, self.clip, model, share, releases)
+        share, count_share = 0.0, 0.0
+        if self.noise_placement == "distributed":
+            share = noise_share_std(self.noise_multiplier, self.clip, cohort.size)
+            if self.adaptive_clipping is not None:
+                count_share = noise_share_std(self._count_noise_multiplier(model), 1.0, cohort.size)
+        return RoundPlan(server_round, cohort, population, self.clip, model, share, releases,
+                         noise_seed=self.seed, count_share_std=count_share)
 
     def finish_round(
         self, plan: RoundPlan, weights: np.ndarray, partial: PartialSum, missing: int = 0, account: bool = True
@@ -265,22 +306,27 @@ class DPFedAvg(Strategy):
         partial.reject(missing)
         mean, server_std = self._noised_mean(plan, partial)
         new_weights = self.server_optimizer.step(weights, mean)
+        # Private: functions of the noised releases and of public parameters only.
         metrics: dict[str, Any] = {
             "round": plan.round,
+            "clip": plan.clip,
+            "noise_std_sum": self.noise_multiplier * plan.clip,
+            "update_norm": float(np.linalg.norm(mean)),  # of the released (noised) mean update
+        }
+        # Not covered by epsilon: exact counts, un-noised norm statistics (see NON_PRIVATE).
+        diagnostics: dict[str, Any] = {
             "cohort": int(plan.cohort.size),
             "received": int(partial.count),
             "rejected": int(partial.rejected),
-            "clip": plan.clip,
-            "noise_std_sum": self.noise_multiplier * plan.clip,
-            "server_noise_std": server_std,
-            "update_norm": float(np.linalg.norm(mean)),
+            "server_noise_std": server_std,  # distributed noise: reveals how many shares were missing
         }
         if partial.norms:
             norms = np.asarray(partial.norms)
-            metrics["clipped_fraction"] = float(np.mean(norms > plan.clip))
-            metrics["median_update_norm"] = float(np.median(norms))
+            diagnostics["clipped_fraction"] = float(np.mean(norms > plan.clip))
+            diagnostics["median_update_norm"] = float(np.median(norms))
+        metrics[NON_PRIVATE] = diagnostics
         for name, mech in plan.releases:
-            self.ledger.record(round=plan.round, mechanism=mech, name=name)
+            self.ledger.record(round=self._round_offset + plan.round, mechanism=mech, name=name)
         self._after_release(plan, partial, metrics)
         metrics["epsilon"] = self.epsilon() if account else None
         self.history.append(metrics)
@@ -304,7 +350,13 @@ class DPFedAvg(Strategy):
         if self.adaptive_clipping is not None:
             ac = self.adaptive_clipping
             z_b = self._count_noise_multiplier(model)
-            noisy = partial.unclipped + make_rng(self.seed, plan.round, STREAM_COUNT_NOISE).normal(0.0, z_b)
+            rng = make_rng(self.seed, plan.round, STREAM_COUNT_NOISE)
+            if self.noise_placement == "distributed" and plan.cohort.size:
+                # the clients' noised bits, plus the shares of the clients whose bit did not arrive
+                missing = max(int(plan.cohort.size) - partial.count_shares, 0)
+                noisy = partial.unclipped_noised + rng.normal(0.0, z_b * math.sqrt(missing / plan.cohort.size))
+            else:
+                noisy = partial.unclipped + rng.normal(0.0, z_b)
             frac = noisy / model.expected_cohort
             self.clip = float(plan.clip * math.exp(-ac.learning_rate * (frac - ac.target_quantile)))
             metrics["unclipped_fraction_noised"] = float(frac)
@@ -340,9 +392,13 @@ class DPFedAvg(Strategy):
         config[CFG_CLIP] = float(plan.clip)
         if self.noise_placement == "distributed":
             config[CFG_NOISE_STD] = float(plan.noise_share_std)
+            if plan.count_share_std > 0:
+                config[CFG_COUNT_NOISE_STD] = float(plan.count_share_std)
         if plan.loss_bound is not None:
             config[CFG_LOSS_BOUND] = float(plan.loss_bound)
-        log(INFO, "configure_train: sampled %d of %d nodes (%s)", plan.cohort.size, plan.population, self.sampling)
+        if self.diagnostics:  # the realised cohort size is not covered by epsilon
+            log(INFO, "configure_train: sampled %d of %d nodes (%s) [non-private diagnostic]", plan.cohort.size,
+                plan.population, self.sampling)
         record = RecordDict({"arrays": arrays, "config": config})
         return [
             Message(content=record, message_type=MessageType.TRAIN, dst_node_id=int(node))
@@ -374,7 +430,11 @@ class DPFedAvg(Strategy):
         new_arrays = ArrayRecord(
             array_dict={k: _array(a) for k, a in zip(keys, unflatten(new_weights, global_list), strict=True)}
         )
-        return new_arrays, MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        # Flower logs and keeps what this returns: private quantities only, unless diagnostics were asked for
+        out = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if self.diagnostics:
+            out.update({f"{NON_PRIVATE}.{k}": v for k, v in metrics[NON_PRIVATE].items() if isinstance(v, int | float)})
+        return new_arrays, MetricRecord(out)
 
     def _reply_client(self, msg: Message) -> int:
         """The client id a reply comes from (its node id, mapped back when the grid renamed nodes)."""
@@ -382,12 +442,24 @@ class DPFedAvg(Strategy):
         return self._node_to_client.get(node, node)
 
     def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
-        """Add one valid reply's update (``reply - global``) to the round's partial sum."""
+        """Add one valid reply's update (``reply - global``) to the round's partial sum.
+
+        Every client value that enters a noised sum is checked first; a reply with a non-finite or missing one
+        is rejected whole (counted, contributing zero)."""
         if self.noise_placement == "distributed":
+            bit = 0.0
+            if plan.count_share_std > 0:  # the client's unclipped bit, noised by the client itself
+                bit = bounded_value(_reply_metric(msg, MET_UNCLIPPED_NOISED, math.nan), -math.inf, math.inf)
+                if bit is None:
+                    partial.reject()
+                    return
+            shares = partial.noise_shares
             partial.add(update, plan.clip, already_clipped_and_noised=True)
-            partial.unclipped += _reply_unclipped_bit(msg)
-        else:
-            partial.add(update, plan.clip)
+            if plan.count_share_std > 0 and partial.noise_shares > shares:  # the update was accepted
+                partial.unclipped_noised += bit
+                partial.count_shares += 1
+            return
+        partial.add(update, plan.clip)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -451,7 +523,3 @@ def _reply_metric(msg: Message, key: str, default: float = 0.0) -> float:
         if key in rec:
             return float(rec[key])
     return default
-
-
-def _reply_unclipped_bit(msg: Message) -> int:
-    return int(bool(_reply_metric(msg, MET_UNCLIPPED, 0.0)))

@@ -80,7 +80,16 @@ class FlowerEngine:
         from fedsim.flower.grid import ClientIdGrid
         from fedsim.scenarios import scenario_to_toml
 
-        from .runner import _paper_bounds, build_data, build_strategy, evaluation_columns, privacy_columns
+        from fedsim.strategies.dpfedavg import NON_PRIVATE
+
+        from .runner import (
+            _paper_bounds,
+            build_data,
+            build_strategy,
+            evaluation_columns,
+            merge_columns,
+            privacy_columns,
+        )
         from .trainer import ClientTrainer, TrainSettings, initial_weights
 
         t0 = time.perf_counter()
@@ -113,16 +122,18 @@ class FlowerEngine:
             final["weights"] = w
             if not strategy.history or strategy.history[-1]["round"] != server_round:
                 return None  # the round did not run (budget exhausted)
-            row: dict[str, Any] = {**strategy.history[-1], "delta": delta, "accountant": accountant}
+            row: dict[str, Any] = {**strategy.history[-1], "delta": delta, "accountant": accountant,
+                                   "randomness": strategy.randomness}
+            row[NON_PRIVATE] = dict(row[NON_PRIVATE])
             if server_round % eval_every == 0 or server_round == rounds:
-                row.update(evaluation_columns(
+                merge_columns(row, evaluation_columns(
                     data,
                     trainer.evaluate(train_ids, w),
                     trainer.evaluate(heldout_ids, w) if heldout_ids.size else None,
                 ))
             row.update(privacy_columns(server_round, row["epsilon"], bounds, delta, population))
             now = time.perf_counter()
-            row["round_time_s"] = now - t_round[0]
+            row[NON_PRIVATE]["round_time_s"] = now - t_round[0]
             t_round[0] = now
             rows.append(row)
             if on_row:
@@ -145,7 +156,8 @@ class FlowerEngine:
         with tempfile.TemporaryDirectory(prefix="fedsim-flower-") as tmp:
             path = Path(tmp) / f"{scenario.name}.toml"
             path.write_text(scenario_to_toml(scenario))
-            client_app = make_client_app({"scenario": str(path), "overrides": ""})
+            # a simulation: the clients' distributed-noise shares follow the strategy's randomness
+            client_app = make_client_app({"scenario": str(path), "overrides": ""}, noise_seed=strategy.seed)
             t_sim = time.perf_counter()
             run_simulation(
                 server_app=server_app,

@@ -18,10 +18,11 @@ from typing import Any, Callable
 import numpy as np
 
 from fedsim.data import build_federated_data
-from fedsim.privacy import generalization_statement
+from fedsim.privacy import Mechanism, compose_same_cohort, generalization_statement
 from fedsim.report.rundir import RunWriter, new_run_dir
 from fedsim.scenarios import Scenario, scenario_to_toml
 from fedsim.strategies import AdaptiveClipping, BudgetExhausted, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
+from fedsim.strategies.dpfedavg import NON_PRIVATE
 
 from .trainer import TrainSettings, client_means, domain_means, initial_weights
 
@@ -103,7 +104,7 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
         delta=p.delta,
         accountant=p.accountant,
         max_epsilon=p.max_epsilon,
-        seed=scenario.seed,
+        seed=scenario.seed if p.randomness == "seeded" else None,  # None: OS entropy
         population=population,
         **extra,
     )
@@ -125,13 +126,22 @@ def build_engine(scenario: Scenario, data: Any, settings: TrainSettings) -> Any:
     raise ValueError(f"engine.name={e.name!r} has no in-loop engine; allowed here: 'ray', 'local'")
 
 
+def round_mechanisms(strategy: DPFedAvg, population: int) -> dict[str, Mechanism]:
+    """The scenario's nominal mechanisms: ``model`` (the model release alone, what the papers analyse) and
+    ``round`` (every release of a round on its cohort, composed: model plus adaptive clipping's count or
+    agnostic FL's domain losses), which is what the ledger accounts."""
+    model = strategy.mechanism(population)
+    return {"model": model, "round": compose_same_cohort(m for _, m in strategy.round_releases(model))}
+
+
 def _paper_bounds(strategy: DPFedAvg, population: int, rounds: int, delta: float) -> dict[str, np.ndarray]:
-    """The closed-form bounds (not certificates) for the scenario's nominal mechanism, per round."""
+    """The closed-form bounds per round: ``igmm`` as printed for the model release (the paper's claim),
+    ``igmm-corrected`` (a valid closed-form bound) for all of a round's releases composed."""
     from fedsim.privacy import epsilon_curve
 
     out = {}
-    mech = strategy.mechanism(population)
-    for method in ("igmm", "igmm-corrected"):
+    mechs = round_mechanisms(strategy, population)
+    for method, mech in (("igmm", mechs["model"]), ("igmm-corrected", mechs["round"])):
         try:
             out[method] = np.asarray(epsilon_curve(mech, rounds, delta, method=method), dtype=float)
         except Exception as exc:  # a paper bound outside its domain must never stop a run
@@ -145,11 +155,12 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
         return "  n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
     gen = row.get("generalization", {})
+    diag = row.get(NON_PRIVATE, {})
     return (
-        f"round {row['round']:>3}/{rounds} | cohort {row['cohort']:>3} | "
-        f"train loss {f(row.get('train_loss'))} acc {f(row.get('train_accuracy'))} | "
+        f"round {row['round']:>3}/{rounds} | cohort {diag.get('cohort', '?'):>3} | "
+        f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))} | "
         f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))} | "
-        f"gap {f(row.get('gap_accuracy'), '+.3f')} | "
+        f"gap {f(diag.get('gap_accuracy'), '+.3f')} | "
         f"eps {f(row['epsilon'], '.3f')} (delta={row['delta']:.0e}, {row['accountant']}) | "
         f"bound {gen.get('status', 'n/a')}"
     )
@@ -158,24 +169,35 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
 def evaluation_columns(
     data: Any, train_rows: np.ndarray, heldout_rows: np.ndarray | None
 ) -> dict[str, Any]:
-    """Client-level loss/accuracy on training and held-out clients, their gap, and per-domain metrics."""
+    """Client-level loss/accuracy on training and held-out clients, their gap, and per-domain metrics.
+
+    Held-out clients never contribute to the model, so their metrics are post-processing of the private model
+    on data outside the population epsilon is about: top level. Metrics on training clients, and the gap that
+    uses them, are not covered by epsilon: under ``non_private``."""
     tr = client_means(train_rows)
-    cols: dict[str, Any] = {"train_loss": tr["loss"], "train_accuracy": tr["accuracy"]}
+    diag: dict[str, Any] = {"train_loss": tr["loss"], "train_accuracy": tr["accuracy"]}
+    cols: dict[str, Any] = {NON_PRIVATE: diag}
     if heldout_rows is not None:
         ho = client_means(heldout_rows)
-        cols.update(
-            heldout_loss=ho["loss"],
-            heldout_accuracy=ho["accuracy"],
-            gap_loss=ho["loss"] - tr["loss"],
-            gap_accuracy=tr["accuracy"] - ho["accuracy"],
-        )
+        cols.update(heldout_loss=ho["loss"], heldout_accuracy=ho["accuracy"])
+        diag.update(gap_loss=ho["loss"] - tr["loss"], gap_accuracy=tr["accuracy"] - ho["accuracy"])
     if data.num_domains > 1:
-        cols["domains_train"] = domain_means(train_rows, data)
-        cols["worst_domain_train_loss"] = max(d["loss"] for d in cols["domains_train"] if d["clients"])
+        diag["domains_train"] = domain_means(train_rows, data)
+        diag["worst_domain_train_loss"] = max(d["loss"] for d in diag["domains_train"] if d["clients"])
         if heldout_rows is not None:
             cols["domains_heldout"] = domain_means(heldout_rows, data)
             cols["worst_domain_heldout_loss"] = max(d["loss"] for d in cols["domains_heldout"] if d["clients"])
     return cols
+
+
+def merge_columns(row: dict[str, Any], cols: dict[str, Any]) -> dict[str, Any]:
+    """``row.update(cols)``, merging the two ``non_private`` parts instead of replacing one with the other."""
+    cols = dict(cols)
+    diag = cols.pop(NON_PRIVATE, None)
+    row.update(cols)
+    if diag:
+        row[NON_PRIVATE] = {**row.get(NON_PRIVATE, {}), **diag}
+    return row
 
 
 def privacy_columns(
@@ -289,22 +311,24 @@ def run_scenario(
                 **m,
                 "delta": delta,
                 "accountant": scenario.privacy.accountant,
-                "train_time_s": time.perf_counter() - t_round,
+                "randomness": strategy.randomness,
                 "round_index": len(strategy.history) - 1,
             }
+            # timings grow with the realised cohort: diagnostics, like the exact counts
+            diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
             if client_metrics:
-                row["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
+                diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
                 # which implementation trained the cohort (loop, vectorized, native-cnn1d): the fused kernel
                 # and PyTorch agree to float rounding per round, not bit for bit
                 row["local_training"] = ",".join(sorted({str(c.get("trainer", "unknown")) for c in client_metrics}))
             pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
-                row.update(evaluation_columns(
+                merge_columns(row, evaluation_columns(
                     data,
                     engine.evaluate(train_ids, weights),
                     engine.evaluate(heldout_ids, weights) if heldout_ids.size else None,
                 ))
-            row["round_time_s"] = time.perf_counter() - t_round
+            diag["round_time_s"] = time.perf_counter() - t_round
         settle()
     finally:
         if pending is not None:  # an error in round t+1 must not cost round t its row
@@ -332,41 +356,62 @@ def _finish(writer: RunWriter | None, scenario: Scenario, result: RunResult) -> 
         )
 
 
+#: What the summary says epsilon covers, and what it does not.
+PRIVACY_SCOPE = (
+    "epsilon (certified by dp-accounting) covers every noised release recorded in ledger.json: the model "
+    "updates and, where used, adaptive clipping's noised count and agnostic FL's noised domain losses; held-out "
+    "metrics are computed from the released model on clients outside the training population. It does NOT "
+    "cover the values under 'non_private' in each row (exact cohort, reply and rejection counts, un-noised "
+    "update-norm statistics, metrics on training clients and the gap computed from them, timings): simulation "
+    "diagnostics, which a deployment reports only on request. The population size, the domain sizes and the "
+    "schedule are public."
+)
+
+
 def _summary(
     scenario: Scenario, rows: list[dict[str, Any]], strategy: DPFedAvg, stopped: str | None, timings: dict
 ) -> dict[str, Any]:
     last = rows[-1] if rows else {}
+    diag = last.get(NON_PRIVATE, {})
     return {
         "scenario": scenario.name,
         "rounds_completed": len(rows),
         "rounds_planned": scenario.rounds,
         "stopped_reason": stopped,
         "final": {k: last.get(k) for k in (
-            "train_loss", "train_accuracy", "heldout_loss", "heldout_accuracy", "gap_loss", "gap_accuracy",
-            "epsilon", "paper_epsilon_igmm", "paper_epsilon_igmm-corrected", "generalization",
+            "heldout_loss", "heldout_accuracy", "epsilon", "paper_epsilon_igmm", "paper_epsilon_igmm-corrected",
+            "generalization",
         )},
+        "final_non_private": {k: diag.get(k) for k in ("train_loss", "train_accuracy", "gap_loss", "gap_accuracy")},
         "delta": scenario.privacy.delta,
         "accountant": scenario.privacy.accountant,
-        "certified": "epsilon is certified by dp-accounting; paper_epsilon_* are closed-form paper bounds "
-        "shown for comparison (igmm as printed is not a valid certificate; see `fedsim privacy`)",
+        "randomness": strategy.randomness,
+        "privacy_scope": PRIVACY_SCOPE,
+        "certified": "epsilon is certified by dp-accounting. paper_epsilon_igmm is UAI Theorem 7 as printed, for "
+        "the model release alone (as the paper states it): a paper bound, not a certificate (see `fedsim "
+        "privacy`). paper_epsilon_igmm-corrected is a valid closed-form bound (not dp-accounting) for all of a "
+        "round's releases composed",
         "timings": timings,
         "paper_bounds_audit": _audit(scenario, strategy),
     }
 
 
 def _audit(scenario: Scenario, strategy: DPFedAvg) -> dict[str, Any]:
-    """Verdicts on the closed-form paper bounds for the scenario's nominal mechanism, and how many clients
-    the generalization statement would need (``None``: no population suffices at this epsilon)."""
+    """Verdicts on the closed-form paper bounds for the scenario's nominal model release, and how many clients
+    the generalization statement would need for all of a round's releases (``None``: no population suffices
+    at this epsilon)."""
     from fedsim.privacy.audit import audit_closed_forms
     from fedsim.privacy.generalization import min_population
 
     population = strategy.population or 0
     out: dict[str, Any] = {}
     try:
-        mech = strategy.mechanism(population)
-        audit = audit_closed_forms(mech, scenario.rounds, scenario.privacy.delta)
+        mechs = round_mechanisms(strategy, population)
+        audit = audit_closed_forms(mechs["model"], scenario.rounds, scenario.privacy.delta)
         out["verdicts"] = {k: v.get("verdict") for k, v in audit.items() if isinstance(v, dict)}
-        out["min_population_for_statement"] = min_population(mech, scenario.rounds, scenario.privacy.delta)
+        out["verdicts_describe"] = "the model release alone, as the papers state their theorems"
+        out["min_population_for_statement"] = min_population(mechs["round"], scenario.rounds, scenario.privacy.delta)
+        out["min_population_describes"] = "all of a round's releases composed (what the ledger accounts)"
     except Exception as exc:  # the audit explains paper bounds; it must never cost a run its results
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out

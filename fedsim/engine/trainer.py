@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fedsim.models import build_model
-from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, PartialSum, clip_update, make_rng
+from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
 
 from .shuffle import client_orders
 
@@ -154,27 +154,55 @@ class ClientTrainer:
         noise_share_std: float = 0.0,
         client_weights: dict[int, float] | None = None,
         loss_bound: float | None = None,
+        *,
+        noise_seed: int | None = None,
+        count_share_std: float = 0.0,
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
         """Train ``client_ids`` from ``weights``; return the sum of their clipped updates and their metrics.
 
         With ``noise_share_std > 0`` (distributed noise) each client clips its update and adds its own
-        Gaussian share before the update leaves the client; the partial sum then holds noised updates.
+        Gaussian share before the update leaves the client; the partial sum then holds noised updates. The shares
+        come from ``(noise_seed, round, client)`` (simulation) or, with ``noise_seed=None``, from the operating
+        system's entropy (deployment). ``count_share_std > 0`` (adaptive clipping with distributed noise): each
+        client also noises its unclipped bit (``partial.unclipped_noised``).
         ``client_weights``: per-client aggregation weights (agnostic FL); ``loss_bound``: also compute each
         client's loss of the *global* model, per example clipped to ``[0, loss_bound]`` and divided by it (so
         in [0, 1]), and accumulate the sums per domain in ``partial.extras`` (``domain_loss``, ``domain_count``).
+        A client whose loss is not finite is rejected whole (it enters neither noised sum).
         """
         global_w = self._global(weights)
         partial = PartialSum(self.dim)
-        metrics: list[dict[str, Any]] = []
+        cids = [int(c) for c in client_ids]
+        losses: dict[int, float] = {}
         if loss_bound is not None:
             self._load(global_w)
+            kept = []
+            for cid in cids:
+                loss = bounded_value(self.bounded_loss(cid, loss_bound), 0.0, 1.0)
+                if loss is None:  # a NaN loss would make lambda NaN for the rest of the run
+                    partial.reject()
+                    continue
+                losses[cid] = loss
+                kept.append(cid)
+            cids = kept
+        partial, metrics = self._train_cohort(
+            partial, server_round, cids, global_w, clip, noise_share_std, client_weights, noise_seed, count_share_std
+        )
+        if losses:  # the losses of the clients whose update was accepted join the per-domain sums
             num_domains = int(self.data.num_domains)
-            for cid in client_ids:
-                loss = self.bounded_loss(int(cid), loss_bound)
-                d = int(self.data.domain(int(cid)))
-                partial.add_extra("domain_loss", d, loss, num_domains)
-                partial.add_extra("domain_count", d, 1.0, num_domains)
-        cids = [int(c) for c in client_ids]
+            for m in metrics:
+                if math.isfinite(m["update_norm"]):
+                    d = int(self.data.domain(m["client"]))
+                    partial.add_extra("domain_loss", d, losses[m["client"]], num_domains)
+                    partial.add_extra("domain_count", d, 1.0, num_domains)
+        return partial, metrics
+
+    def _train_cohort(
+        self, partial: PartialSum, server_round: int, cids: list[int], global_w: torch.Tensor, clip: float,
+        noise_share_std: float, client_weights: dict[int, float] | None, noise_seed: int | None,
+        count_share_std: float,
+    ) -> tuple[PartialSum, list[dict[str, Any]]]:
+        metrics: list[dict[str, Any]] = []
         if self.settings.vectorize and cids and noise_share_std == 0:
             from .vectorized import train_vectorized_chunks
 
@@ -198,12 +226,14 @@ class ClientTrainer:
             if noise_share_std > 0:
                 clipped, norm, finite = clip_update(update.double(), clip)
                 if finite:
-                    share = make_rng(self.settings.seed, server_round, STREAM_NOISE_SHARE, m["client"]).normal(
-                        0.0, noise_share_std, size=self.dim
-                    )
+                    rng = make_rng(noise_seed, server_round, STREAM_NOISE_SHARE, m["client"])
+                    share = rng.normal(0.0, noise_share_std, size=self.dim)
                     partial.add(clipped.cpu().numpy() + share, clip, already_clipped_and_noised=True)
                     partial.unclipped += int(norm <= clip)
                     partial.norms.append(norm)
+                    if count_share_std > 0:
+                        partial.unclipped_noised += int(norm <= clip) + rng.normal(0.0, count_share_std)
+                        partial.count_shares += 1
                 else:
                     partial.reject()
             else:

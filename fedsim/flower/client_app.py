@@ -4,6 +4,13 @@ It trains with the same :class:`~fedsim.engine.trainer.ClientTrainer` as the Ray
 server asks for distributed noise (``fedsim.noise-share-std`` in the config), clips its update and adds its
 own noise share before the update leaves the node. Nothing happens at import time.
 
+What a reply carries, and nothing more: the model (``global + update``); with agnostic FL, the client's bounded
+loss of the global model (a value in [0, 1] that the server adds to a noised, accounted sum). With distributed
+noise the update is clipped and noised here, and with adaptive clipping the unclipped bit is noised here too
+(``fedsim.unclipped-noised``): no un-noised per-client statistic (norm, bit, loss, number of examples) leaves
+the node. The noise shares of the shipped ``app`` come from the operating system's entropy, whatever the server
+asks; only fedsim's simulator builds a ClientApp with seeded shares (:func:`make_client_app`'s ``noise_seed``).
+
 ``app`` reads the scenario from the run config (or, when that is empty as under
 ``flwr.simulation.run_simulation``, from ``FEDSIM_SCENARIO`` / ``FEDSIM_OVERRIDES``).
 :func:`make_client_app` builds the same ClientApp with run-config defaults baked in (the
@@ -18,7 +25,15 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from fedsim.privacy.aggregation import flatten
-from fedsim.strategies.dpfedavg import CFG_CLIP, CFG_LOSS_BOUND, CFG_NOISE_STD, CFG_ROUND, MET_LOSS, MET_UNCLIPPED
+from fedsim.strategies.dpfedavg import (
+    CFG_CLIP,
+    CFG_COUNT_NOISE_STD,
+    CFG_LOSS_BOUND,
+    CFG_NOISE_STD,
+    CFG_ROUND,
+    MET_LOSS,
+    MET_UNCLIPPED_NOISED,
+)
 
 from .apps import load_for_run, model_arrays
 
@@ -42,8 +57,13 @@ def _global(msg: Message) -> tuple[ArrayRecord, np.ndarray]:
     return arrays, flatten(arrays.to_numpy_ndarrays())
 
 
-def make_client_app(run_config_defaults: dict | None = None) -> ClientApp:
-    """The fedsim ClientApp; ``run_config_defaults`` fill keys the run config lacks (e.g. ``scenario``)."""
+def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int | None = None) -> ClientApp:
+    """The fedsim ClientApp; ``run_config_defaults`` fill keys the run config lacks (e.g. ``scenario``).
+
+    ``noise_seed``: seeds the distributed noise shares from ``(noise_seed, round, client)``, for simulations that
+    must be reproducible. ``None`` (the shipped ``app``): the operating system's entropy. It is a property of the
+    node's code, never of a message, so a server cannot make clients draw noise it could regenerate.
+    """
     defaults = dict(run_config_defaults or {})
     app = ClientApp()
 
@@ -62,29 +82,31 @@ def make_client_app(run_config_defaults: dict | None = None) -> ClientApp:
         extra: dict[str, float] = {}
         if share_std > 0:
             # distributed noise: the trainer clips and adds this client's share before the update leaves it
-            partial, (metrics,) = trainer.train(
+            count_share = float(config.get(CFG_COUNT_NOISE_STD, 0.0))
+            partial, _ = trainer.train(
                 server_round, [cid], flat, float(config[CFG_CLIP]), share_std,
-                loss_bound=None if loss_bound is None else float(loss_bound),
+                noise_seed=noise_seed, count_share_std=count_share,
             )
             if partial.rejected:
                 raise ValueError(f"client {cid}: local training produced a non-finite update")
             update = partial.total
-            extra[MET_UNCLIPPED] = int(partial.unclipped)
-            if loss_bound is not None:
-                extra[MET_LOSS] = float(partial.extras["domain_loss"].sum())
+            if count_share > 0:
+                extra[MET_UNCLIPPED_NOISED] = float(partial.unclipped_noised)
         else:  # central noise: the raw update goes to the server, which clips it (and counts unclipped norms)
             global_w = torch.as_tensor(flat, dtype=torch.float32, device=trainer.device)
             if loss_bound is not None:
                 extra[MET_LOSS] = trainer.bounded_loss(cid, float(loss_bound), weights=global_w)
-            update, metrics = trainer.train_one(cid, server_round, global_w)
+            update, _ = trainer.train_one(cid, server_round, global_w)
             update = update.double().cpu().numpy()
         # echo the server's array names so the reply matches the global model key for key
         new = model_arrays(trainer, flat + update).values()
         reply_arrays = ArrayRecord(
             array_dict={k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)}
         )
-        out = MetricRecord({"num-examples": metrics["num_examples"], "train_loss": metrics["train_loss"], **extra})
-        return Message(RecordDict({"arrays": reply_arrays, "metrics": out}), reply_to=msg)
+        content = RecordDict({"arrays": reply_arrays})
+        if extra:
+            content["metrics"] = MetricRecord(extra)
+        return Message(content, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:

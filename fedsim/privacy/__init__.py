@@ -11,7 +11,16 @@ Public API::
     PrivacyInputError
 """
 
-from .accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, EpsilonCurve, compute_curve, epsilon_curve
+from .accountants import (
+    ACCOUNTANTS,
+    CERTIFIED,
+    PAPER_BOUNDS,
+    VALID_BOUNDS,
+    EpsilonCurve,
+    compute_curve,
+    epsilon_curve,
+    method_kind,
+)
 from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 from .ledger import Ledger
@@ -22,6 +31,8 @@ from .calibration import calibrate_noise
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
+    "VALID_BOUNDS",
+    "method_kind",
     "PAPER_BOUNDS",
     "EpsilonCurve",
     "Ledger",

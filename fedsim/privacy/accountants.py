@@ -1,16 +1,20 @@
 """Accountants selected by name; each returns epsilon after every round (and the delta it used).
 
-=================  ===========  ==============================================================
-method             certificate  what it is
-=================  ===========  ==============================================================
-``pld``            yes          dp-accounting privacy loss distributions (tightest)
-``rdp``            yes          dp-accounting Renyi DP (looser, exact at every round)
-``igmm``           **no**       UAI Theorem 7 exactly as printed (paper bound)
-``igmm-corrected`` yes          the paper's structure with valid pieces (formula sheet, s. 3)
-``dp-fl-thm8``     **no**       arXiv Theorem 8 as printed (paper bound)
-``kairouz``        yes          optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta)
-``basic``          yes          basic composition of per-step (eps, delta)
-=================  ===========  ==============================================================
+=================  ==============  ==============================================================
+method             kind            what it is
+=================  ==============  ==============================================================
+``pld``            certified       dp-accounting privacy loss distributions (tightest)
+``rdp``            certified       dp-accounting Renyi DP (looser, exact at every round)
+``igmm-corrected`` valid bound     the paper's structure with valid pieces (formula sheet, s. 3)
+``kairouz``        valid bound     optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta)
+``basic``          valid bound     basic composition of per-step (eps, delta)
+``igmm``           **paper bound** UAI Theorem 7 exactly as printed (not a valid certificate)
+``dp-fl-thm8``     **paper bound** arXiv Theorem 8 as printed (not a valid certificate)
+=================  ==============  ==============================================================
+
+*Certified* means computed by dp-accounting's accountants, which fedsim reports as the run's epsilon. A *valid
+bound* is a closed form written here that is a correct upper bound on epsilon (never below the certified
+value, looser in practice), shown for comparison. A *paper bound* is reproduced as printed and audited.
 
 The per-step (eps, delta) of ``kairouz`` and ``basic`` is the exact Gaussian profile of one round
 under the mechanism's own neighbouring relation, amplified by the sampling probability (Balle et
@@ -32,7 +36,9 @@ from .mechanism import Mechanism
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
+    "VALID_BOUNDS",
     "PAPER_BOUNDS",
+    "method_kind",
     "EpsilonCurve",
     "compute_curve",
     "epsilon_curve",
@@ -44,17 +50,28 @@ __all__ = [
 ]
 
 ACCOUNTANTS = ("pld", "rdp", "igmm", "igmm-corrected", "dp-fl-thm8", "kairouz", "basic")
-CERTIFIED = frozenset({"pld", "rdp", "igmm-corrected", "kairouz", "basic"})
+CERTIFIED = frozenset({"pld", "rdp"})
+VALID_BOUNDS = frozenset({"igmm-corrected", "kairouz", "basic"})
 PAPER_BOUNDS = frozenset({"igmm", "dp-fl-thm8"})
+
+
+def method_kind(method: str) -> str:
+    """``"certified"`` (dp-accounting), ``"valid closed-form bound"`` or ``"paper bound, not a certificate"``."""
+    if method in CERTIFIED:
+        return "certified"
+    if method in VALID_BOUNDS:
+        return "valid closed-form bound"
+    return "paper bound, not a certificate"
 
 DESCRIPTIONS = {
     "pld": "privacy loss distribution (dp-accounting), certified",
     "rdp": "Renyi DP (dp-accounting), certified",
     "igmm": "UAI Theorem 7 as printed; paper bound, not a certificate",
-    "igmm-corrected": "IGMM structure with exact Gaussian step, amplified delta and Kairouz Thm 3.4; certified",
+    "igmm-corrected": "IGMM structure with exact Gaussian step, amplified delta and Kairouz Thm 3.4; valid "
+    "closed-form bound",
     "dp-fl-thm8": "arXiv Theorem 8 as printed; paper bound, not a certificate",
-    "kairouz": "optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta); certified",
-    "basic": "basic composition of per-step (eps, delta); certified",
+    "kairouz": "optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta); valid closed-form bound",
+    "basic": "basic composition of per-step (eps, delta); valid closed-form bound",
 }
 
 
@@ -114,6 +131,7 @@ class EpsilonCurve:
         return dict(
             method=self.method,
             certified=self.certified,
+            kind=method_kind(self.method),
             epsilon=clean(self.epsilon),
             delta=clean(self.delta),
             status=[str(s) for s in self.status],
@@ -169,8 +187,20 @@ def compute_curve(
     exact = np.ones(n_out, dtype=bool)
     status = _status_array(n_out)
     details: dict = {}
+    rdp_instead = False
+    if method == "pld":
+        points = certified.estimated_pld_points(m, None, pld_discretization)
+        if points > certified.MAX_PLD_POINTS:
+            # as the ledger does: instead of exhausting memory, RDP, also a valid (looser) upper bound
+            rdp_instead = True
+            notes.append(f"pld impractical (one round needs about {points:.3g} PLD points): epsilon from rdp, "
+                         "a valid, looser upper bound")
+            details["accountant_used"] = "rdp"
 
-    if method == "pld" and _only_last:
+    if rdp_instead or method == "rdp":
+        eps = certified.rdp_epsilon(T[:, None] * certified.round_rdp(m)[None, :], delta)
+        dl = np.full(n_out, delta)
+    elif method == "pld" and _only_last:
         single = certified.round_pld(m, discretization=pld_discretization)
         eps = np.array([(single if rounds == 1 else single.self_compose(rounds)).get_epsilon_for_delta(delta)])
         dl = np.full(1, delta)
@@ -186,9 +216,6 @@ def compute_curve(
             )
         notes.append(f"PLD discretisation {pld_discretization:g} (pessimistic)")
         dl = np.full(rounds, delta)
-    elif method == "rdp":
-        eps = certified.rdp_epsilon(T[:, None] * certified.round_rdp(m)[None, :], delta)
-        dl = np.full(n_out, delta)
     elif method in ("igmm", "dp-fl-thm8"):
         p = m.igmm_params()
         dt = delta / 2.0 if dtil is None else validate_delta(dtil, "dtil")
@@ -211,7 +238,8 @@ def compute_curve(
         eps = np.where(meets, r["eps_prime"], np.nan)
         dl = np.where(r["statement"], r["delta_prime"], np.nan)
         status[:] = "ok"
-        status[~r["defined"]] = "undefined: eps' >= T*et, the Chernoff factor dtil' is not defined"
+        bound = "T*et" if method == "igmm" else "p*T*et8"
+        status[~r["defined"]] = f"undefined: eps' >= {bound}, the Chernoff factor dtil' is not defined"
         bad_delta = r["defined"] & ~r["statement"]
         status[bad_delta] = "no statement: printed delta' >= 1 (or not finite)"
         if step_delta is None:

@@ -12,11 +12,11 @@ Conventions (``shared/reference/privacy-formulas.md`` section 1):
 * the aggregate is divided by the **expected** cohort size, never the realised count (the realised count
   is data-dependent and would leak).
 
-Randomness: every stream comes from its own generator seeded by ``(seed, round, stream[, client])``, never
-from Python's or NumPy's global generators, so results do not depend on call order or worker count.
-With ``seed=None`` the generators are seeded from the operating system's entropy (use that outside
-simulation: seeded noise is reproducible, which is the point of a simulator and the opposite of what a
-deployment wants).
+Randomness (:mod:`fedsim.privacy.randomness`): every stream comes from its own generator seeded by
+``(seed, round, stream[, client])``, never from Python's or NumPy's global generators, so results do not depend
+on call order or worker count. With ``seed=None`` every value comes from the operating system's entropy
+(``os.urandom``): deployments use that; seeded noise is reproducible, which is the point of a simulator and the
+opposite of what a deployment wants.
 """
 
 from __future__ import annotations
@@ -27,23 +27,31 @@ from typing import Any
 
 import numpy as np
 
-# Stream identifiers: independent generators for independent purposes.
-STREAM_SAMPLING = 1
-STREAM_NOISE = 2
-STREAM_CLIENT = 3
-STREAM_COUNT_NOISE = 4
-STREAM_LOSS_NOISE = 5
-STREAM_NOISE_SHARE = 6
+from .randomness import (  # noqa: F401 - re-exported: the round's code imports them from here
+    STREAM_CLIENT,
+    STREAM_COUNT_NOISE,
+    STREAM_LOSS_NOISE,
+    STREAM_NOISE,
+    STREAM_NOISE_SHARE,
+    STREAM_SAMPLING,
+    make_rng,
+)
 
 SAMPLINGS = ("poisson", "fixed", "all")
 NOISE_PLACEMENTS = ("central", "distributed")
 
 
-def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> np.random.Generator:
-    """A generator owned by one purpose: ``(seed, round, stream, *extra)`` -> independent stream."""
-    if seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng([int(seed), int(round_), int(stream), *(int(e) for e in extra)])
+def bounded_value(value: Any, low: float, high: float) -> float | None:
+    """A client's scalar that enters a noised sum, clamped to ``[low, high]``; ``None`` when it is not a finite
+    number (NaN, +-inf, not numeric): the caller must then reject the client's whole reply, because a clamp lets
+    NaN through (``min(max(nan, 0), 1)`` is NaN) and one NaN would poison every later release."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(v):
+        return None
+    return min(max(v, low), high)
 
 
 def id_array(client_ids: Any) -> np.ndarray:
@@ -125,7 +133,9 @@ class PartialSum:
 
     ``count``: clients whose clipped update is in ``total``; ``rejected``: clients whose update was dropped
     (non-finite, wrong shape or dtype, error reply) and contributes zero; ``unclipped``: clients whose update
-    norm was <= the clip (the bits of adaptive clipping); ``noise_shares``: distributed-noise shares included.
+    norm was <= the clip (the bits of adaptive clipping); ``noise_shares``: distributed-noise shares included;
+    ``unclipped_noised`` / ``count_shares``: distributed noise with adaptive clipping, the sum of the clients'
+    own noised bits and how many are in it.
     """
 
     dim: int
@@ -134,6 +144,8 @@ class PartialSum:
     rejected: int = 0
     unclipped: int = 0
     noise_shares: int = 0
+    unclipped_noised: float = 0.0
+    count_shares: int = 0
     norms: list[float] = field(default_factory=list)
     extras: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -236,6 +248,8 @@ class PartialSum:
         self.rejected += other.rejected
         self.unclipped += other.unclipped
         self.noise_shares += other.noise_shares
+        self.unclipped_noised += other.unclipped_noised
+        self.count_shares += other.count_shares
         self.norms.extend(other.norms)
         for key, vec in other.extras.items():
             if key in self.extras:

@@ -47,13 +47,15 @@ def audit_igmm_params(N, tau, T, sigma, D, step_delta, dtil) -> dict:
         eps0=g["eps0"], eps0_valid_tail_bound=valid_eps0, per_step_ratio=ratio,
         exact_step_delta=exact_step, per_step_valid=exact_step <= step_delta * (1 + 1e-9),
         et=g["et"], eps_prime=g["eps_prime"], delta_prime=g["delta_prime"], defined=bool(g["defined"]),
-        statement=bool(g["statement"]), K_printed=g["K"],
+        statement=bool(g["statement"]), K_printed=g["K"], defined_below=g["defined_below"],
         K_corrected=math.ceil(g["eps_prime"] / g["et"]) if math.isfinite(g["eps_prime"]) else None,
         dtil_prime=g["dtil_prime"],
     )
     if g["defined"]:
         # the Chernoff factor with the sign the derivation gives: exp(+(eps'+T et)/2)
-        out["dtil_prime_sign_corrected"] = g["dtil_prime"] * math.exp(g["eps_prime"] + T * g["et"])
+        # exp(+(eps'+T et)/2) instead of exp(-(eps'+T et)/2), in log space (it overflows for large epsilons)
+        with np.errstate(over="ignore", divide="ignore"):
+            out["dtil_prime_sign_corrected"] = float(np.exp(np.log(g["dtil_prime"]) + g["eps_prime"] + T * g["et"]))
         opt = float(closed_forms.optimal_composition_delta(g["et"], T, g["eps_prime"], step_delta))
         out["optimal_delta_at_eps_prime"] = opt
         out["below_optimal"] = bool(g["statement"] and g["delta_prime"] < opt)
@@ -79,6 +81,7 @@ def _audit_thm8(N, tau, T, z, step_delta, dtil) -> dict:
         per_step_valid=exact_step <= step_delta * (1 + 1e-9), et=et_amp,
         eps_prime=g["eps_prime"], delta_prime=g["delta_prime"], defined=bool(g["defined"]),
         statement=bool(g["statement"]), K_printed=g["K"], dtil_prime=g["dtil_prime"],
+        defined_below=g["defined_below"],
     )
     if g["defined"]:
         opt = float(closed_forms.optimal_composition_delta(et_amp, T, g["eps_prime"], p * step_delta))
@@ -93,8 +96,9 @@ def _audit_thm8(N, tau, T, z, step_delta, dtil) -> dict:
 
 def _verdict(a: dict) -> str:
     if not a["defined"]:
-        return (f"paper bound; no statement at T={a['T']:g}: eps'={_fmt(a['eps_prime'])} >= T*et="
-                f"{_fmt(a['T'] * a['et'])}, so the printed Chernoff factor is undefined")
+        bound = "T*et" if a["method"] == "igmm" else "p*T*et8"
+        return (f"paper bound; no statement at T={a['T']:g}: eps'={_fmt(a['eps_prime'])} >= {bound}="
+                f"{_fmt(a['defined_below'])}, so the printed Chernoff factor is undefined")
     if not a["statement"]:
         return f"paper bound; no statement at T={a['T']:g}: printed delta'={_fmt(a['delta_prime'])} >= 1"
     reasons = []

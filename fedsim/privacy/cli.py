@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from .accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve
+from .accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
 from .errors import PrivacyInputError
 from .mechanism import SAMPLINGS, Mechanism
 
@@ -197,7 +197,7 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
         lines.append("")
         lines.append(f"noise multiplier for epsilon <= {target:g} after {T} rounds:")
         for m, z in calibration.items():
-            tag = "" if m in CERTIFIED else "  (paper bound, not a certificate)"
+            tag = "" if m in CERTIFIED else f"  ({method_kind(m)})"
             lines.append(f"  {m:<15} {'no statement' if z is None else f'{z:.4g}'}{tag}")
     lines.append("")
     names = list(curves)
@@ -222,11 +222,12 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
     for r in rows:
         lines.append("  ".join(v.rjust(w) if i < len(r) - 1 else v for i, (v, w) in enumerate(zip(r, widths))))
     lines.append("")
-    lines.append("epsilon at the given delta; * = paper bound (not a certificate); undef = the printed bound is "
+    lines.append("epsilon at the given delta; pld, rdp: certified (dp-accounting); igmm-corrected, kairouz, basic: "
+                 "valid closed-form bounds; * = paper bound (not a certificate); undef = the printed bound is "
                  "undefined there; none = no statement at this delta")
     for n in names:
         for note in curves[n].notes:
-            if n in CERTIFIED and note:
+            if n not in PAPER_BOUNDS and note:
                 lines.append(f"{n}: {note}")
     g_last = gen["uai"][-1]
     need = (f"the statement needs N >= {g_last['n_min']:,} clients" if g_last["n_min"]

@@ -82,7 +82,8 @@ def igmm_theorem7(N, tau, T, sigma, D, delta, dtil) -> dict:
         L = np.log(1.0 / delta)
         eps0 = (np.sqrt(2.0) * D * sigma / tau * np.sqrt(L) + D ** 2 / tau ** 2) / (2.0 * sigma ** 2)
         et = np.log((N - tau) / N + (tau / N) * np.exp(eps0))
-        et = np.where(np.isfinite(et), et, np.log1p((tau / N) * np.expm1(eps0)))
+        # the same value where exp(eps0) overflows (eps0 > ~709): log((N-tau)/N + tau/N e^eps0) in log space
+        et = np.where(np.isfinite(et), et, np.logaddexp(np.log1p(-tau / N), np.log(tau / N) + eps0))
     out = paper_composition(et, delta, T, dtil, K_scale=N / tau)
     out["eps0"] = eps0
     return out
@@ -116,7 +117,7 @@ def paper_composition(et, delta, T, dtil, K_scale=1.0) -> dict:
         delta_p = A + B + dtil_p
         statement = defined & np.isfinite(delta_p) & (delta_p < 1.0) & (delta_p >= 0) & np.isfinite(eps_p)
     return dict(et=et, eps_prime=eps_p, K=K, dtil_prime=dtil_p, delta_prime=delta_p,
-                defined=defined, statement=statement)
+                defined=defined, statement=statement, defined_below=Tet)
 
 
 def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
@@ -145,8 +146,10 @@ def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
         A = -np.expm1(T * np.log1p(-y))
         delta_p = B + A + dtil8
         statement = defined & np.isfinite(delta_p) & (delta_p < 1.0) & (delta_p >= 0) & np.isfinite(eps_p)
+    # the Chernoff factor is defined where eps' < p*T*et8 (= T*a): half of T times the linearised per-step
+    # epsilon 2a that the theorem composes
     return dict(eps0=et, et=2.0 * a, eps_prime=eps_p, K=K, dtil_prime=dtil8, delta_prime=delta_p,
-                defined=defined, statement=statement)
+                defined=defined, statement=statement, defined_below=pTet)
 
 
 def calibrate_step_delta(fn, target, iterations: int = 22, span: float = 120.0) -> tuple[np.ndarray, dict]:

@@ -98,4 +98,9 @@ def amplify_epsilon(eps, q):
     replace-one (Balle, Barthe, Gaboardi 2018, Theorems 8 and 10).
     """
     eps = np.asarray(eps, dtype=float)
-    return np.log1p(q * np.expm1(eps))
+    q = np.asarray(q, dtype=float)
+    with np.errstate(over="ignore", divide="ignore"):
+        small = np.log1p(q * np.expm1(np.minimum(eps, 700.0)))
+        # for large eps, log((1-q) + q e^eps) in log space: e^eps overflows past ~709
+        large = np.logaddexp(np.log1p(-np.minimum(q, 1.0)), np.log(q) + eps)
+    return np.where(eps < 700.0, small, large)

@@ -119,8 +119,9 @@ class Ledger:
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, delta: float, method: str = "pld") -> float:
-        """Epsilon of everything recorded so far at ``delta`` (certified for pld, rdp, igmm-corrected,
-        kairouz, basic; NaN where a paper bound makes no statement). 0.0 for an empty ledger."""
+        """Epsilon of everything recorded so far at ``delta`` (certified for pld and rdp, a valid closed-form
+        bound for igmm-corrected, kairouz and basic; NaN where a paper bound makes no statement). 0.0 for an
+        empty ledger."""
         delta = validate_delta(delta)
         method = validate_method(method)
         key = (len(self._releases), delta, method)

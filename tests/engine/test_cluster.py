@@ -37,7 +37,7 @@ def test_clients_are_trained_on_both_nodes(two_node_cluster):
     finally:
         engine.close()
     assert len(set(nodes)) == 2
-    assert all(r["received"] == r["cohort"] == len(data.train_clients) for r in result.rows)
+    assert all(r["non_private"]["received"] == r["non_private"]["cohort"] == len(data.train_clients) for r in result.rows)
     assert np.all(np.isfinite(result.weights))
 
 

@@ -44,7 +44,7 @@ def test_one_and_two_workers_and_in_process_agree(scenario, ray_session):
             engine.close()
     for key in (1, 2):
         np.testing.assert_allclose(results[key].weights, local.weights, rtol=0, atol=1e-5)
-        assert [r["cohort"] for r in results[key].rows] == [r["cohort"] for r in local.rows]
+        assert [r["non_private"]["cohort"] for r in results[key].rows] == [r["non_private"]["cohort"] for r in local.rows]
         assert results[key].rows[-1]["epsilon"] == local.rows[-1]["epsilon"]
 
 

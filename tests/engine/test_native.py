@@ -225,7 +225,7 @@ def test_rows_say_which_implementation_trained(monkeypatch):
     slow = run_scenario(scenario, write=False).rows
     assert [r["local_training"] for r in fast] == ["native-cnn1d"] * 2
     assert [r["local_training"] for r in slow] == ["vectorized"] * 2
-    assert fast[-1]["train_loss"] == pytest.approx(slow[-1]["train_loss"], rel=1e-4)
+    assert fast[-1]["non_private"]["train_loss"] == pytest.approx(slow[-1]["non_private"]["train_loss"], rel=1e-4)
 
 
 @needs_kernel

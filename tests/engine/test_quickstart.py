@@ -42,10 +42,11 @@ def test_quickstart_learns(quickstart_run):
     last = rows[-1]
     # 10 classes: chance is 0.1
     assert last["heldout_accuracy"] > 0.5, last
-    assert last["train_accuracy"] > 0.5
-    assert abs(last["gap_accuracy"] - (last["train_accuracy"] - last["heldout_accuracy"])) < 1e-12
+    diag = last["non_private"]
+    assert diag["train_accuracy"] > 0.5
+    assert abs(diag["gap_accuracy"] - (diag["train_accuracy"] - last["heldout_accuracy"])) < 1e-12
     # every round reported its cohort and every sampled client's update arrived
-    assert all(r["received"] == r["cohort"] and r["rejected"] == 0 for r in rows)
+    assert all(r["non_private"]["received"] == r["non_private"]["cohort"] and r["non_private"]["rejected"] == 0 for r in rows)
 
 
 def test_quickstart_epsilon_matches_dp_accounting(quickstart_run):

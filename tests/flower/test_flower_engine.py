@@ -33,13 +33,15 @@ def test_flower_engine_matches_local_engine():
 
     assert [r["round"] for r in flower.rows] == [1, 2]
     for row in flower.rows:
-        assert row["cohort"] == 4 and row["received"] == 4 and row["rejected"] == 0, row
-        assert row["server_noise_std"] == 0.0
-        for key in ("epsilon", "train_accuracy", "heldout_accuracy", "generalization"):
+        diag = row["non_private"]
+        assert diag["cohort"] == 4 and diag["received"] == 4 and diag["rejected"] == 0, row
+        assert diag["server_noise_std"] == 0.0
+        for key in ("epsilon", "heldout_accuracy", "generalization"):
             assert key in row
+        assert "train_accuracy" in diag and "train_accuracy" not in row  # training-client metrics: non-private
     assert len(flower.strategy.ledger) == 2
     np.testing.assert_allclose(flower.weights, local.weights, atol=1e-5, rtol=0)
     for a, b in zip(flower.rows, local.rows, strict=True):
         assert a["epsilon"] == b["epsilon"]
-        np.testing.assert_allclose(a["train_accuracy"], b["train_accuracy"], atol=1e-6)
+        np.testing.assert_allclose(a["non_private"]["train_accuracy"], b["non_private"]["train_accuracy"], atol=1e-6)
         np.testing.assert_allclose(a["heldout_accuracy"], b["heldout_accuracy"], atol=1e-6)

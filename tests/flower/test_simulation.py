@@ -74,13 +74,14 @@ def test_dpfedavg_in_flower_simulation(monkeypatch, noise_placement):
     strategy = _run(monkeypatch, noise_placement)
     assert [h["round"] for h in strategy.history] == [1, 2]
     for h in strategy.history:
-        assert h["cohort"] == NUM_SUPERNODES
-        assert h["received"] == NUM_SUPERNODES, h
-        assert h["rejected"] == 0, h
+        diag = h["non_private"]
+        assert diag["cohort"] == NUM_SUPERNODES
+        assert diag["received"] == NUM_SUPERNODES, h
+        assert diag["rejected"] == 0, h
         if noise_placement == "distributed":
-            assert h["server_noise_std"] == 0.0  # every share came from the clients
+            assert diag["server_noise_std"] == 0.0  # every share came from the clients
         else:
-            assert h["server_noise_std"] > 0.0
+            assert diag["server_noise_std"] > 0.0
     assert len(strategy.ledger) == ROUNDS
     assert strategy.epsilon() > 0
     assert os.environ["FEDSIM_SCENARIO"] == "quickstart"

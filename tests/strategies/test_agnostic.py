@@ -129,6 +129,9 @@ def test_message_api_weights_replies_by_client_and_collects_domain_losses(monkey
         reply.metadata.__dict__["_src_node_id"] = 1000 + c
         replies.append(reply)
     new, metrics = afl.aggregate_train(1, replies)
-    assert metrics["received"] == 20 and metrics["rejected"] == 0
+    diag = afl.history[-1]["non_private"]
+    assert diag["received"] == 20 and diag["rejected"] == 0
+    # what Flower logs and keeps: private quantities only (no exact counts) unless diagnostics=True
+    assert not any(k in metrics for k in ("received", "rejected", "cohort", "non_private.received"))
     # lambda moved toward domain 2 (the highest reported loss)
     assert afl.lam[2] > 0.1 and len(afl.ledger) == 2

@@ -72,4 +72,5 @@ def test_lambda_ascends_on_the_released_domain_losses_of_the_real_scenario():
         step = nxt - used
         assert step[np.argmax(loss)] == pytest.approx(step.max()) and step[np.argmin(loss)] == pytest.approx(step.min())
         np.testing.assert_allclose(np.asarray(h["lambda_used"]), used)
-    assert res.rows[-1]["worst_domain_train_loss"] == max(d["loss"] for d in res.rows[-1]["domains_train"])
+    diag = res.rows[-1]["non_private"]
+    assert diag["worst_domain_train_loss"] == max(d["loss"] for d in diag["domains_train"])

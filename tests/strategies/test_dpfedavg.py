@@ -73,7 +73,9 @@ def test_message_api_round_counts_bad_replies_and_they_never_reach_the_model():
         _reply(msgs[4], error=Error(code=1, reason="client crashed")),
     ]
     arrays, metrics = strat.aggregate_train(1, replies)
-    assert metrics["received"] == 1 and metrics["rejected"] == 4 and metrics["cohort"] == 5
+    assert "rejected" not in metrics and "non_private.rejected" not in metrics  # Flower logs only private values
+    diag = strat.history[-1]["non_private"]
+    assert diag["received"] == 1 and diag["rejected"] == 4 and diag["cohort"] == 5
     w = np.concatenate([arrays["w"].numpy(), arrays["b"].numpy()])
     # only the good reply, clipped to norm 1 ([0.6, 0.8, 0]), plus the round's noise, over the expected cohort
     noise = make_rng(0, 1, STREAM_NOISE).normal(0.0, 1.0, size=5)
@@ -83,11 +85,12 @@ def test_message_api_round_counts_bad_replies_and_they_never_reach_the_model():
 
 
 def test_missing_replies_are_counted():
-    strat = DPFedAvg(sampling="all", noise_multiplier=1.0, seed=0)
+    strat = DPFedAvg(sampling="all", noise_multiplier=1.0, seed=0, diagnostics=True)
     global_arrays = _arrays([np.zeros(3), np.zeros(2)])
     list(strat.configure_train(1, global_arrays, ConfigRecord(), FakeGrid(range(1, 4))))
     arrays, metrics = strat.aggregate_train(1, [])
-    assert metrics["rejected"] == 3 and metrics["received"] == 0
+    # diagnostics=True: the counts reach Flower too, under their non-private name
+    assert metrics["non_private.rejected"] == 3 and metrics["non_private.received"] == 0
     assert arrays is not None
 
 
@@ -102,7 +105,7 @@ def test_empty_poisson_cohort_still_releases_noise_and_is_accounted():
     before = len(strat.ledger)
     w, m = strat.finish_round(plan, np.zeros(1000), PartialSum(1000))
     assert len(strat.ledger) == before + 1
-    assert m["cohort"] == 0 and m["update_norm"] > 0  # pure noise: std z*clip / (q*N) = 20 per coordinate
+    assert m["non_private"]["cohort"] == 0 and m["update_norm"] > 0  # pure noise: std z*clip / (q*N) = 20 per coordinate
     assert np.std(w) == pytest.approx(1.0 / (0.01 * 5), rel=0.1)
 
 

@@ -1,0 +1,95 @@
+"""Where the randomness that protects clients comes from: a seeded stream, or the operating system.
+
+Two kinds (``RANDOMNESS``), recorded in every run's config as ``privacy.randomness``:
+
+* ``"seeded"`` (simulation): every stream comes from its own NumPy generator seeded by
+  ``(seed, round, stream[, client])``, so a run is reproducible and independent of call order and worker count.
+  Anyone who holds the seed can regenerate the noise and the cohort: never deploy with it.
+* ``"os-entropy"`` (deployment): every value is drawn from ``os.urandom``, the kernel's cryptographically secure
+  generator, through :class:`OsEntropyGenerator`. Nothing about it is stored or derivable from a config.
+
+Both expose the few ``numpy.random.Generator`` methods the private round uses (``random``, ``normal``,
+``choice`` without replacement), so the round's code does not care which it holds.
+
+Known limit (as in Opacus' ``secure_mode``, which adds several draws to blunt it): Gaussian samples computed in
+floating point do not have exactly Gaussian tails, which floating-point attacks on DP exploit (Mironov 2012;
+Jin et al. 2022). :class:`OsEntropyGenerator` makes the *seed* unrecoverable; it does not change float64
+arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+SEEDED = "seeded"
+OS_ENTROPY = "os-entropy"
+RANDOMNESS = (SEEDED, OS_ENTROPY)
+
+# Stream identifiers: independent generators for independent purposes.
+STREAM_SAMPLING = 1
+STREAM_NOISE = 2
+STREAM_CLIENT = 3
+STREAM_COUNT_NOISE = 4
+STREAM_LOSS_NOISE = 5
+STREAM_NOISE_SHARE = 6
+
+_TWO_PI = 2.0 * math.pi
+_2_POW_53 = float(1 << 53)
+
+
+class OsEntropyGenerator:
+    """Uniforms, Gaussians and subsets drawn from ``os.urandom`` (the kernel CSPRNG), never from a seed.
+
+    ``random``: 53-bit uniforms in ``[0, 1)``. ``normal``: Box-Muller on two such uniforms (the first taken in
+    ``(0, 1]`` so that its logarithm is finite). ``choice(a, size, replace=False)``: the ``size`` elements of
+    ``a`` with the smallest independent 64-bit random keys, a uniformly random subset (up to key ties, whose
+    probability is below ``len(a)^2 / 2^65``), returned in the order of ``a``'s keys.
+    """
+
+    kind = OS_ENTROPY
+
+    @staticmethod
+    def _u64(n: int) -> np.ndarray:
+        return np.frombuffer(os.urandom(8 * n), dtype=np.uint64) if n > 0 else np.zeros(0, dtype=np.uint64)
+
+    def random(self, size: int | tuple[int, ...] | None = None) -> Any:
+        n = 1 if size is None else int(np.prod(size))
+        u = (self._u64(n) >> np.uint64(11)).astype(np.float64) / _2_POW_53
+        return float(u[0]) if size is None else u.reshape(size)
+
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: int | tuple[int, ...] | None = None) -> Any:
+        n = 1 if size is None else int(np.prod(size))
+        pairs = (n + 1) // 2
+        u = (self._u64(2 * pairs) >> np.uint64(11)).astype(np.float64) / _2_POW_53
+        u1 = 1.0 - u[:pairs]  # (0, 1]
+        radius = np.sqrt(-2.0 * np.log(u1))
+        angle = _TWO_PI * u[pairs:]
+        z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+        out = loc + scale * z
+        return float(out[0]) if size is None else out.reshape(size)
+
+    def choice(self, a: Any, size: int, replace: bool = False) -> np.ndarray:
+        if replace:
+            raise ValueError("OsEntropyGenerator.choice draws without replacement only")
+        items = np.asarray(a)
+        if not 0 <= int(size) <= items.size:
+            raise ValueError(f"cannot choose {size} of {items.size} items without replacement")
+        keys = self._u64(items.size)
+        return items[np.argsort(keys, kind="stable")[: int(size)]]
+
+
+def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> Any:
+    """A generator owned by one purpose: ``(seed, round, stream, *extra)`` -> an independent seeded stream, or,
+    with ``seed=None``, an :class:`OsEntropyGenerator` (the operating system's entropy)."""
+    if seed is None:
+        return OsEntropyGenerator()
+    return np.random.default_rng([int(seed), int(round_), int(stream), *(int(e) for e in extra)])
+
+
+def randomness_kind(seed: int | None) -> str:
+    """``"seeded"`` or ``"os-entropy"``: what :func:`make_rng` draws from for this seed."""
+    return OS_ENTROPY if seed is None else SEEDED

@@ -1,0 +1,187 @@
+"""The privacy holes an audit found, each pinned by a test that failed before the fix.
+
+* sampling and accounting use the same population;
+* a non-finite client value never enters a noised sum (it rejects the whole reply);
+* a ledger from an earlier run continues its budget;
+* randomness: the strategy's generators draw from the OS when unseeded, and the rows say which was used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.privacy import Ledger
+from fedsim.privacy import randomness as rnd
+from fedsim.privacy.aggregation import PartialSum, bounded_value
+from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
+
+
+def _run(strategy: DPFedAvg, ids, rounds: int) -> None:
+    for t in range(1, rounds + 1):
+        plan = strategy.begin_round(t, ids)
+        strategy.finish_round(plan, np.zeros(3), PartialSum(3))
+
+
+# ---------------------------------------------------------------- population
+@pytest.mark.parametrize("kw", [
+    dict(sampling="fixed", clients_per_round=5),
+    dict(sampling="poisson", clients_per_round=5),
+    dict(sampling="poisson", sampling_rate=0.1),
+])
+def test_a_population_other_than_the_clients_sampled_from_is_refused(kw):
+    strategy = DPFedAvg(noise_multiplier=1.0, seed=0, population=1000, **kw)
+    with pytest.raises(ValueError, match="population=1000 but round 1 samples from 50 available clients"):
+        strategy.begin_round(1, range(50))
+    assert len(strategy.ledger) == 0  # nothing was released or accounted
+
+
+def test_the_mechanism_is_accounted_over_the_clients_actually_sampled_from():
+    # the audit's example: 50 ids and tau 5 need epsilon 18.239 at T=30 (population 1000 claimed 3.874)
+    strategy = DPFedAvg(sampling="fixed", clients_per_round=5, noise_multiplier=1.0, seed=0)
+    _run(strategy, range(50), 30)
+    assert {r.mechanism.population for r in strategy.ledger.releases} == {50}
+    assert strategy.epsilon() == pytest.approx(18.2394, abs=1e-3)
+    # and each available client is indeed sampled with the accounted probability tau/50
+    counts = np.zeros(50)
+    for t in range(1, 2001):
+        counts[DPFedAvg(sampling="fixed", clients_per_round=5, seed=t).begin_round(1, range(50)).cohort] += 1
+    assert counts.mean() / 2000 == pytest.approx(5 / 50)
+
+
+def test_poisson_samples_with_the_rate_it_accounts():
+    strategy = DPFedAvg(sampling="poisson", clients_per_round=5, noise_multiplier=1.0, seed=0)
+    sizes = [strategy.begin_round(t, range(50)).cohort.size for t in range(1, 3001)]
+    plan = strategy.begin_round(1, range(50))
+    assert plan.mechanism.q == pytest.approx(0.1) and plan.mechanism.population == 50
+    assert np.mean(sizes) == pytest.approx(5.0, rel=0.03)
+
+
+# ---------------------------------------------------------------- bounded inputs
+def test_bounded_value_rejects_what_a_clamp_lets_through():
+    assert bounded_value(0.3, 0.0, 1.0) == 0.3 and bounded_value(7, 0.0, 1.0) == 1.0
+    assert bounded_value(-2, 0.0, 1.0) == 0.0
+    for bad in (math.nan, math.inf, -math.inf, "x", None):
+        assert bounded_value(bad, 0.0, 1.0) is None
+    assert min(max(math.nan, 0.0), 1.0) != min(max(math.nan, 0.0), 1.0)  # why: the clamp keeps NaN
+
+
+def _reply(msg: Message, value: float, key: str = "fedsim.loss") -> Message:
+    content = RecordDict({"arrays": ArrayRecord(array_dict={"w": Array(np.full(2, 0.1, np.float32))}),
+                          "metrics": MetricRecord({key: value})})
+    reply = Message(content, reply_to=msg)
+    reply.metadata.__dict__["_src_node_id"] = int(msg.metadata.dst_node_id)
+    return reply
+
+
+class _Grid:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def get_node_ids(self):
+        return list(range(self.n))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_domain_loss_rejects_the_reply_and_lambda_stays_finite(task_identity, bad):
+    afl = DPAgnosticFedAvg(client_domains={c: c % 2 for c in range(6)}, num_domains=2, sampling="all", seed=0)
+    arrays = ArrayRecord(array_dict={"w": Array(np.zeros(2, np.float32))})
+    for t in (1, 2, 3):
+        msgs = list(afl.configure_train(t, arrays, ConfigRecord(), _Grid(6)))
+        replies = [_reply(m, bad if i == 0 else 0.5) for i, m in enumerate(msgs)]
+        afl.aggregate_train(t, replies)
+        assert afl.history[-1]["non_private"]["rejected"] == 1
+        assert afl.history[-1]["non_private"]["received"] == 5
+        assert np.all(np.isfinite(afl.lam)) and afl.lam.sum() == pytest.approx(1.0)
+
+
+def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
+    from fedsim.engine.runner import build_data
+    from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.scenarios import load_scenario
+
+    scenario = load_scenario("quickstart", ["data.num_clients=8", "data.domains=2"])
+    data = build_data(scenario)
+    trainer = ClientTrainer(data, TrainSettings.from_scenario(scenario))
+    w = initial_weights(trainer.settings, data.input_dim, data.num_classes)
+    ids = [int(c) for c in data.train_clients][:4]
+    real = trainer.bounded_loss
+    trainer.bounded_loss = lambda cid, bound, weights=None: math.nan if cid == ids[0] else real(cid, bound, weights)
+    partial, metrics = trainer.train(1, ids, w, 1.0, loss_bound=math.log(10))
+    assert partial.rejected == 1 and partial.count == 3 and [m["client"] for m in metrics] == ids[1:]
+    assert np.all(np.isfinite(partial.extras["domain_loss"]))
+    assert partial.extras["domain_count"].sum() == 3
+
+
+def test_a_non_finite_noised_bit_rejects_a_distributed_reply(task_identity):
+    strategy = DPFedAvg(sampling="all", noise_placement="distributed", adaptive_clipping=AdaptiveClipping(),
+                        seed=0)
+    arrays = ArrayRecord(array_dict={"w": Array(np.zeros(2, np.float32))})
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), _Grid(4)))
+    assert float(msgs[0].content["config"]["fedsim.count-noise-share-std"]) > 0
+    replies = [_reply(m, math.nan if i == 0 else 0.7, "fedsim.unclipped-noised") for i, m in enumerate(msgs)]
+    strategy.aggregate_train(1, replies)
+    h = strategy.history[-1]
+    assert h["non_private"]["rejected"] == 1 and math.isfinite(h["unclipped_fraction_noised"])
+    assert math.isfinite(strategy.clip)
+
+
+# ---------------------------------------------------------------- budget continued from a ledger
+def test_a_ledger_from_an_earlier_run_continues_the_budget(tmp_path):
+    kw = dict(sampling="poisson", sampling_rate=0.2, noise_multiplier=1.0, seed=0)
+    whole = DPFedAvg(**kw)
+    _run(whole, range(20), 6)
+    first = DPFedAvg(**kw)
+    _run(first, range(20), 3)
+    first.ledger.save(tmp_path / "ledger.json")
+    second = DPFedAvg(**kw, ledger=Ledger.load(tmp_path / "ledger.json"))
+    _run(second, range(20), 3)
+    assert second.ledger.rounds == 6 and [r.round for r in second.ledger.releases] == [1, 2, 3, 4, 5, 6]
+    assert second.epsilon() == pytest.approx(whole.epsilon(), rel=1e-12)
+    capped = DPFedAvg(**kw, ledger=Ledger.load(tmp_path / "ledger.json"), max_epsilon=first.epsilon() * 1.01)
+    from fedsim.strategies import BudgetExhausted
+
+    with pytest.raises(BudgetExhausted):
+        capped.begin_round(1, range(20))
+
+
+# ---------------------------------------------------------------- randomness
+def test_unseeded_generators_draw_from_the_operating_system(monkeypatch):
+    calls = []
+    real = rnd.os.urandom
+    monkeypatch.setattr(rnd.os, "urandom", lambda n: calls.append(n) or real(n))
+    strategy = DPFedAvg(sampling="poisson", sampling_rate=0.5, noise_multiplier=1.0,
+                        adaptive_clipping=AdaptiveClipping(), seed=None)
+    assert strategy.randomness == "os-entropy"
+    plan = strategy.begin_round(1, range(10))
+    assert calls, "the cohort must come from os.urandom"
+    calls.clear()
+    strategy.finish_round(plan, np.zeros(5), PartialSum(5))
+    assert len(calls) >= 2  # the model noise and the count noise
+    assert DPFedAvg(seed=3).randomness == "seeded"
+
+
+def test_os_entropy_generator_draws_have_the_right_distribution():
+    g = rnd.OsEntropyGenerator()
+    z = g.normal(0.0, 2.0, size=200_000)
+    assert abs(z.mean()) < 0.03 and z.std() == pytest.approx(2.0, rel=0.01)
+    assert np.mean(np.abs(z) > 2 * 1.96) == pytest.approx(0.05, abs=0.005)  # Gaussian tails
+    u = g.random(100_000)
+    assert u.min() >= 0.0 and u.max() < 1.0 and u.mean() == pytest.approx(0.5, abs=0.01)
+    counts = np.zeros(10)
+    for _ in range(3000):
+        counts[g.choice(np.arange(10), size=3, replace=False)] += 1
+    assert np.all(np.abs(counts / 3000 - 0.3) < 0.04)
+    assert len(set(g.choice(np.arange(10), size=10).tolist())) == 10
+    assert isinstance(g.normal(), float) and g.normal(size=3).shape == (3,)
