@@ -90,16 +90,17 @@ def steady(times: list[float]) -> float:
 def run_fedsim(w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray", workers: int = 2) -> dict[str, Any]:
     import ray
 
+    from fedsim import experiment
     from fedsim.engine import runner
 
     sc = scenario(w, vectorize, engine, workers)
-    original = runner.build_data
-    runner.build_data = lambda _s: data  # the prepared data (its preparation is timed separately)
+    original = experiment.build_data
+    experiment.build_data = lambda _s: data  # the prepared data (its preparation is timed separately)
     t0 = time.perf_counter()
     try:
         res = runner.run_scenario(sc, write=False)
     finally:
-        runner.build_data = original
+        experiment.build_data = original
     e2e = time.perf_counter() - t0
     if ray.is_initialized():
         ray.shutdown()
@@ -368,9 +369,9 @@ def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
 def flops_report(w: dict[str, Any], data: Any) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
-    from fedsim.engine import native
-    from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
-    from fedsim.engine.vectorized import train_vectorized
+    from fedsim.training import native
+    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.training.vectorized import train_vectorized
     from fedsim.models import build_model
 
     threads = torch.get_num_threads()
@@ -409,7 +410,7 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
         loop_rate = step_flops * reps / (time.perf_counter() - t)
 
         # fedsim's vectorised path: 100 clients of the workload, cnn1d, 1 epoch of batch 16; on the CPU that is
-        # the fused C kernel (fedsim.engine.native) when it builds, and the PyTorch path with FEDSIM_NATIVE=0
+        # the fused C kernel (fedsim.training.native) when it builds, and the PyTorch path with FEDSIM_NATIVE=0
         settings = TrainSettings(model="cnn1d", model_kwargs={}, local_epochs=1, batch_size=w["batch"],
                                  lr=0.1, seed=0, vectorize=True)
         trainer = ClientTrainer(data, settings, device="cpu")
@@ -443,7 +444,7 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
         native_rate = vec_rate("1") if kernel else math.nan
 
         # ceiling: the batched matrix products alone of one vectorised step (100 clients x batch 16, shapes of
-        # fedsim.engine.stacked's CNN1D step: 3 forward products, 5 backward), no im2col, activations or update
+        # fedsim.training.stacked's CNN1D step: 3 forward products, 5 backward), no im2col, activations or update
         k, b_ = 100, w["batch"]
         c1, c2 = model.conv1, model.conv2
         l1 = (data.input_dim + 2 * c1.padding[0] - c1.kernel_size[0]) // c1.stride[0] + 1

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
     if args.data:
         with open(args.data, "rb") as f:

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedsim.strategies import DPFedAvg
 
     from fedsim.data import build_federated_data
-    from fedsim.engine.trainer import TrainSettings, initial_weights
+    from fedsim.training.trainer import TrainSettings, initial_weights
 
     mem = TreeMemory()
     with mem:

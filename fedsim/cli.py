@@ -41,7 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario, args.set)
     except ScenarioError as exc:
         return _fail(str(exc))
-    from fedsim.engine.runner import format_row, run_scenario
+    from fedsim.engine.runner import run_scenario
+    from fedsim.report.rows import format_row
 
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_scenarios)
 
     try:
-        from fedsim.privacy.cli import add_parser as add_privacy
+        from fedsim.report.privacy import add_parser as add_privacy
     except ImportError:  # pragma: no cover - the accountant's CLI is part of the package
         pass
     else:

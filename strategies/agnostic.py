@@ -34,20 +34,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
 
+from fedsim.flower import protocol
 from fedsim.privacy import Mechanism
-from fedsim.privacy.aggregation import (
-    STREAM_LOSS_NOISE,
-    STREAM_NOISE,
-    PartialSum,
-    bounded_value,
-    id_array,
-    make_rng,
-    private_mean,
-)
+from fedsim.round import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, bounded_value, id_array, private_mean
+from fedsim.validation import PrivacyInputError, positive_finite
 
-from .dpfedavg import MET_LOSS, DPFedAvg, RoundPlan, _reply_metric
+from .dpfedavg import DPFedAvg, RoundPlan
 
 
 def project_to_simplex(v: np.ndarray) -> np.ndarray:
@@ -93,13 +86,10 @@ class DPAgnosticFedAvg(DPFedAvg):
             raise ValueError("DPAgnosticFedAvg does not combine with adaptive clipping yet; use a fixed clip")
         super().__init__(**kwargs)
         if int(num_domains) < 1:
-            raise ValueError(f"num_domains must be >= 1, got {num_domains}")
-        if lambda_lr <= 0 or not math.isfinite(lambda_lr):
-            raise ValueError(f"lambda_lr must be > 0, got {lambda_lr}")
-        if loss_noise_multiplier <= 0 or not math.isfinite(loss_noise_multiplier):
-            raise ValueError(f"loss_noise_multiplier must be > 0, got {loss_noise_multiplier}")
-        if loss_bound <= 0:
-            raise ValueError(f"loss_bound must be > 0, got {loss_bound}")
+            raise PrivacyInputError("num_domains", num_domains, "must be an integer >= 1")
+        lambda_lr = positive_finite("lambda_lr", lambda_lr)
+        loss_noise_multiplier = positive_finite("loss_noise_multiplier", loss_noise_multiplier)
+        loss_bound = positive_finite("loss_bound", loss_bound)
         self.num_domains = int(num_domains)
         self._domain_of = client_domains.__getitem__ if isinstance(client_domains, Mapping) else client_domains
         self.lambda_lr = float(lambda_lr)
@@ -159,15 +149,13 @@ class DPAgnosticFedAvg(DPFedAvg):
             clip=plan.clip * scale,
             noise_multiplier=self.noise_multiplier,
             expected_cohort=1.0,
-            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
+            rng=self.noise.rng(plan.round, STREAM_NOISE),
         )
 
     def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
         assert self.lam is not None
         sums = partial.extras.get("domain_loss", np.zeros(self.num_domains))
-        noised = sums + make_rng(self.seed, plan.round, STREAM_LOSS_NOISE).normal(
-            0.0, self.loss_noise_multiplier, size=self.num_domains
-        )
+        noised = sums + self.noise.normal(plan.round, STREAM_LOSS_NOISE, self.loss_noise_multiplier, self.num_domains)
         est = noised / self._expected_per_domain(plan.mechanism)
         metrics["lambda_used"] = self.lam.tolist()
         metrics["weight_scale"] = self._weight_scale(plan)
@@ -176,14 +164,15 @@ class DPAgnosticFedAvg(DPFedAvg):
         metrics["lambda_next"] = self.lam.tolist()
 
     # ------------------------------------------------------------------ Flower Message API
-    def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
-        client = self._reply_client(msg)
+    def accept_reply(
+        self, plan: RoundPlan, partial: PartialSum, client: int, update: np.ndarray, metrics: dict[str, float]
+    ) -> None:
         assert plan.client_weights is not None
         if client not in plan.client_weights:  # a reply from a node that was not sampled: never aggregated
             partial.reject()
             return
         # the loss enters a noised sum: a missing or non-finite one rejects the whole reply; else bound to [0, 1]
-        loss = bounded_value(_reply_metric(msg, MET_LOSS, math.nan), 0.0, 1.0)
+        loss = bounded_value(metrics.get(protocol.MET_LOSS, math.nan), 0.0, 1.0)
         if loss is None:
             partial.reject()
             return

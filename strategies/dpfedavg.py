@@ -26,37 +26,30 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Strategy
 
+from fedsim.flower import protocol
 from fedsim.privacy import Ledger, Mechanism
-from fedsim.privacy.aggregation import (
+from fedsim.privacy.accountants import CERTIFIED
+from fedsim.round import (
     NOISE_PLACEMENTS,
     SAMPLINGS,
     STREAM_COUNT_NOISE,
+    STREAM_EVALUATION,
     STREAM_NOISE,
-    STREAM_SAMPLING,
+    NoiseSource,
     PartialSum,
+    Sampler,
     bounded_value,
-    flatten,
     id_array,
-    make_rng,
+    make_sampler,
     noise_share_std,
     private_mean,
-    sample_cohort,
-    unflatten,
 )
-from fedsim.privacy.randomness import randomness_kind
+from fedsim.validation import PrivacyInputError, cohort, one_of, open_unit, positive_finite
 
 from .server_opt import ServerOptimizer
-
-# Keys of the ConfigRecord sent to clients and of the MetricRecord they may return.
-CFG_ROUND = "server-round"
-CFG_CLIP = "fedsim.clip"
-CFG_NOISE_STD = "fedsim.noise-share-std"
-CFG_LOSS_BOUND = "fedsim.loss-bound"
-CFG_COUNT_NOISE_STD = "fedsim.count-noise-share-std"  # distributed noise + adaptive clipping: the bit's share
-MET_UNCLIPPED_NOISED = "fedsim.unclipped-noised"  # distributed noise: that bit plus the client's noise share
-MET_LOSS = "fedsim.loss"  # the client's loss of the global model, per example clipped to [0, bound] / bound
 
 #: The key under which a round's metrics hold what epsilon does NOT cover: exact counts of the cohort and of the
 #: replies, statistics of the un-noised update norms, training-client metrics, timings. Everything else in a
@@ -64,8 +57,11 @@ MET_LOSS = "fedsim.loss"  # the client's loss of the global model, per example c
 NON_PRIVATE = "non_private"
 
 
-class BudgetExhausted(RuntimeError):
-    """Raised before a round whose release would take the certified epsilon above ``max_epsilon``."""
+class BudgetExhausted(PrivacyBudgetExhausted):
+    """Raised before a round whose release would take the certified epsilon above ``max_epsilon``.
+
+    A :class:`flwr.serverapp.exception.PrivacyBudgetExhausted`: a ServerApp that lets it propagate exits with
+    Flower's exit code for an unmet strategy precondition."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +104,12 @@ class RoundPlan:
     count_share_std: float = 0.0  # distributed noise with adaptive clipping: each client's share on its bit
     client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
     loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
+
+    def sampled(self, client: int) -> bool:
+        """Whether ``client`` is in this round's cohort."""
+        if not hasattr(self, "_members"):
+            self._members = frozenset(int(c) for c in self.cohort)
+        return int(client) in self._members
 
 
 class DPFedAvg(Strategy):
@@ -164,24 +166,22 @@ class DPFedAvg(Strategy):
         diagnostics: bool = False,
         ledger: Ledger | None = None,
     ) -> None:
-        if sampling not in SAMPLINGS:
-            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
-        if noise_placement not in NOISE_PLACEMENTS:
-            raise ValueError(
-                f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}"
-            )
-        if not math.isfinite(clip) or clip <= 0:
-            raise ValueError(f"clip must be a finite number > 0, got {clip}")
-        if not math.isfinite(noise_multiplier) or noise_multiplier <= 0:
-            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-        if accountant not in ("pld", "rdp"):
-            raise ValueError(f"accountant must be 'pld' or 'rdp' (certified), got {accountant!r}")
+        # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
+        one_of("sampling", sampling, SAMPLINGS)
+        one_of("noise_placement", noise_placement, NOISE_PLACEMENTS)
+        clip = positive_finite("clip", clip)
+        noise_multiplier = positive_finite("noise_multiplier", noise_multiplier)
+        sampling_rate, clients_per_round = cohort(sampling, sampling_rate, clients_per_round)
+        delta = open_unit("delta", delta)
+        one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
+        if max_epsilon is not None:
+            max_epsilon = positive_finite("max_epsilon", max_epsilon)
         if not 0.0 <= fraction_evaluate <= 1.0:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+            raise PrivacyInputError("fraction_evaluate", fraction_evaluate, "must be in [0, 1]")
         if fraction_evaluate > 0 and not diagnostics:
-            raise ValueError(
-                f"fraction_evaluate={fraction_evaluate} asks clients for un-noised evaluation metrics that epsilon "
-                "does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0"
+            raise PrivacyInputError(
+                "fraction_evaluate", fraction_evaluate, "asks clients for un-noised evaluation metrics that "
+                "epsilon does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0"
             )
         self.sampling = sampling
         self.sampling_rate = sampling_rate
@@ -194,7 +194,9 @@ class DPFedAvg(Strategy):
         self.delta = delta
         self.accountant = accountant
         self.max_epsilon = max_epsilon
-        self.seed = seed
+        # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
+        self.sampler: Sampler = make_sampler(sampling, seed)
+        self.noise: NoiseSource = NoiseSource(seed)
         self.population = population
         self.fraction_evaluate = fraction_evaluate
         self.diagnostics = bool(diagnostics)
@@ -246,9 +248,20 @@ class DPFedAvg(Strategy):
         return releases
 
     @property
+    def seed(self) -> int | None:
+        """The seed of the sampler and the noise source (None: the operating system's entropy)."""
+        return self.noise.seed
+
+    @property
     def randomness(self) -> str:
         """``"seeded"`` (simulation: reproducible from ``seed``) or ``"os-entropy"`` (deployment)."""
-        return randomness_kind(self.seed)
+        return self.noise.randomness
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must save to continue this strategy: sampler and noise-source state, the clip, the
+        server optimizer's state and the ledger."""
+        return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(), "clip": self.clip,
+                "server_optimizer": self.server_optimizer.state_dict(), "ledger": self.ledger.to_dict()}
 
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
@@ -279,11 +292,7 @@ class DPFedAvg(Strategy):
                     f"above max_epsilon={self.max_epsilon} at delta={self.delta} ({self.accountant}); "
                     f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
                 )
-        rng = make_rng(self.seed, server_round, STREAM_SAMPLING)
-        cohort = sample_cohort(
-            ids, self.sampling, rng, sampling_rate=model.q if self.sampling == "poisson" else None,
-            clients_per_round=self.clients_per_round,
-        )
+        cohort = self.sampler.sample(server_round, ids, model)
         share, count_share = 0.0, 0.0
         if self.noise_placement == "distributed":
             share = noise_share_std(self.noise_multiplier, self.clip, cohort.size)
@@ -339,7 +348,7 @@ class DPFedAvg(Strategy):
             clip=plan.clip,
             noise_multiplier=self.noise_multiplier,
             expected_cohort=plan.mechanism.expected_cohort,
-            rng=make_rng(self.seed, plan.round, STREAM_NOISE),
+            rng=self.noise.rng(plan.round, STREAM_NOISE),
             noise_placement=self.noise_placement,
             cohort_size=int(plan.cohort.size),
         )
@@ -350,7 +359,7 @@ class DPFedAvg(Strategy):
         if self.adaptive_clipping is not None:
             ac = self.adaptive_clipping
             z_b = self._count_noise_multiplier(model)
-            rng = make_rng(self.seed, plan.round, STREAM_COUNT_NOISE)
+            rng = self.noise.rng(plan.round, STREAM_COUNT_NOISE)
             if self.noise_placement == "distributed" and plan.cohort.size:
                 # the clients' noised bits, plus the shares of the clients whose bit did not arrive
                 missing = max(int(plan.cohort.size) - partial.count_shares, 0)
@@ -376,8 +385,6 @@ class DPFedAvg(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._pending = None
-        # A grid that addresses nodes by client id (fedsim.flower.grid.ClientIdGrid) says how to map replies back.
-        self._node_to_client = dict(getattr(grid, "node_to_client", {}) or {})
         if self.stopped_reason is not None:
             return []
         try:
@@ -386,24 +393,14 @@ class DPFedAvg(Strategy):
             self.stopped_reason = str(exc)
             log(WARNING, "%s", exc)
             return []
+        # A grid that addresses nodes by client id (fedsim.flower.grid.ClientIdGrid) says how to map replies back;
+        # read after get_node_ids(), which refreshes it.
+        self._node_to_client = dict(getattr(grid, "node_to_client", {}) or {})
         self._pending = (plan, arrays)
-        config = ConfigRecord(dict(config))
-        config[CFG_ROUND] = server_round
-        config[CFG_CLIP] = float(plan.clip)
-        if self.noise_placement == "distributed":
-            config[CFG_NOISE_STD] = float(plan.noise_share_std)
-            if plan.count_share_std > 0:
-                config[CFG_COUNT_NOISE_STD] = float(plan.count_share_std)
-        if plan.loss_bound is not None:
-            config[CFG_LOSS_BOUND] = float(plan.loss_bound)
         if self.diagnostics:  # the realised cohort size is not covered by epsilon
             log(INFO, "configure_train: sampled %d of %d nodes (%s) [non-private diagnostic]", plan.cohort.size,
                 plan.population, self.sampling)
-        record = RecordDict({"arrays": arrays, "config": config})
-        return [
-            Message(content=record, message_type=MessageType.TRAIN, dst_node_id=int(node))
-            for node in plan.cohort
-        ]
+        return protocol.train_messages(plan, arrays, config)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -412,44 +409,54 @@ class DPFedAvg(Strategy):
             return None, None
         plan, global_arrays = self._pending
         self._pending = None
-        keys = list(global_arrays.keys())
-        global_list = global_arrays.to_numpy_ndarrays()
-        weights = flatten(global_list)
+        weights = protocol.flat_arrays(global_arrays)
+        partial = self.collect_replies(plan, weights, global_arrays, replies, self._node_to_client)
+        new_weights, metrics = self.finish_round(plan, weights, partial)
+        # Flower logs and keeps what this returns: private quantities only, unless diagnostics were asked for
+        return protocol.to_arrays(new_weights, global_arrays), MetricRecord(self.flower_metrics(metrics))
+
+    def flower_metrics(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """A round's metrics as Flower's flat MetricRecord values: the private ones, and the non-private ones
+        (prefixed ``non_private.``) only with ``diagnostics=True``."""
+        out = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if self.diagnostics:
+            out.update({f"{NON_PRIVATE}.{k}": v for k, v in metrics.get(NON_PRIVATE, {}).items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)})
+        return out
+
+    def collect_replies(
+        self, plan: RoundPlan, weights: np.ndarray, like: ArrayRecord, replies: Iterable[Message],
+        node_to_client: dict[int, int],
+    ) -> PartialSum:
+        """The round's partial sum from Flower replies: each valid reply through :meth:`accept_reply`, an error
+        or a malformed reply rejected, a sampled client that never replied counted as rejected."""
         partial = PartialSum(weights.size)
         received = 0
         for msg in replies:
             received += 1
-            update = _reply_update(msg, keys, global_list)
-            if update is None:
+            model = protocol.reply_model(msg, like)
+            if model is None:
                 partial.reject()
                 continue
-            self._add_reply(plan, partial, msg, update - weights)
-        new_weights, metrics = self.finish_round(
-            plan, weights, partial, missing=max(int(plan.cohort.size) - received, 0)
-        )
-        new_arrays = ArrayRecord(
-            array_dict={k: _array(a) for k, a in zip(keys, unflatten(new_weights, global_list), strict=True)}
-        )
-        # Flower logs and keeps what this returns: private quantities only, unless diagnostics were asked for
-        out = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        if self.diagnostics:
-            out.update({f"{NON_PRIVATE}.{k}": v for k, v in metrics[NON_PRIVATE].items() if isinstance(v, int | float)})
-        return new_arrays, MetricRecord(out)
+            client = protocol.reply_source(msg, node_to_client)
+            self.accept_reply(plan, partial, client, model - weights, protocol.reply_metrics(msg))
+        partial.reject(max(int(plan.cohort.size) - received, 0))
+        return partial
 
-    def _reply_client(self, msg: Message) -> int:
-        """The client id a reply comes from (its node id, mapped back when the grid renamed nodes)."""
-        node = int(msg.metadata.src_node_id)
-        return self._node_to_client.get(node, node)
-
-    def _add_reply(self, plan: RoundPlan, partial: PartialSum, msg: Message, update: np.ndarray) -> None:
-        """Add one valid reply's update (``reply - global``) to the round's partial sum.
+    def accept_reply(
+        self, plan: RoundPlan, partial: PartialSum, client: int, update: np.ndarray, metrics: dict[str, float]
+    ) -> None:
+        """Add one client's update (``reply - global``) to the round's partial sum.
 
         Every client value that enters a noised sum is checked first; a reply with a non-finite or missing one
-        is rejected whole (counted, contributing zero)."""
+        is rejected whole (counted, contributing zero). A reply from a client that was not sampled is rejected."""
+        if not plan.sampled(client):
+            partial.reject()
+            return
         if self.noise_placement == "distributed":
             bit = 0.0
             if plan.count_share_std > 0:  # the client's unclipped bit, noised by the client itself
-                bit = bounded_value(_reply_metric(msg, MET_UNCLIPPED_NOISED, math.nan), -math.inf, math.inf)
+                bit = bounded_value(metrics.get(protocol.MET_UNCLIPPED_NOISED, math.nan), -math.inf, math.inf)
                 if bit is None:
                     partial.reject()
                     return
@@ -468,10 +475,10 @@ class DPFedAvg(Strategy):
             return []
         nodes = id_array(grid.get_node_ids())
         k = max(1, int(round(self.fraction_evaluate * nodes.size)))
-        rng = make_rng(self.seed, server_round, STREAM_SAMPLING, 1)
+        rng = self.noise.rng(server_round, STREAM_EVALUATION)
         chosen = np.sort(rng.choice(nodes, size=min(k, nodes.size), replace=False))
         config = ConfigRecord(dict(config))
-        config[CFG_ROUND] = server_round
+        config[protocol.CFG_ROUND] = server_round
         record = RecordDict({"arrays": arrays, "config": config})
         return [Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=int(n)) for n in chosen]
 
@@ -490,36 +497,3 @@ class DPFedAvg(Strategy):
         if weight == 0:
             return None
         return MetricRecord({k: v / weight for k, v in totals.items()} | {"num-examples": weight})
-
-
-def _array(a: np.ndarray):
-    from flwr.app import Array
-
-    return Array(np.ascontiguousarray(a))
-
-
-def _reply_update(msg: Message, keys: list[str], like: list[np.ndarray]) -> np.ndarray | None:
-    """The flat model in a reply, or None if the reply is an error or does not match the global model."""
-    if msg.has_error():
-        return None
-    records = list(msg.content.array_records.values())
-    if len(records) != 1:
-        return None
-    rec = records[0]
-    if list(rec.keys()) != keys:
-        return None
-    try:
-        arrays = rec.to_numpy_ndarrays()
-    except Exception:  # undecodable payload
-        return None
-    for got, want in zip(arrays, like, strict=True):
-        if got.shape != want.shape or got.dtype != want.dtype:
-            return None
-    return flatten(arrays)
-
-
-def _reply_metric(msg: Message, key: str, default: float = 0.0) -> float:
-    for rec in msg.content.metric_records.values():
-        if key in rec:
-            return float(rec[key])
-    return default

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy.aggregation import PartialSum
+from fedsim.round import PartialSum
 
-from .trainer import ClientTrainer, TrainSettings, balance, initial_weights
+from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
 
 class LocalEngine:
@@ -180,3 +180,14 @@ class RayEngine:
         self.workers = []
         if self._owns_ray:
             ray.shutdown()
+
+
+def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> list[list[int]]:
+    """Largest clients first, each to the least loaded worker (LPT scheduling)."""
+    loads = [0] * workers
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    for i in np.argsort(-sizes, kind="stable"):
+        w = int(np.argmin(loads))
+        shares[w].append(int(client_ids[i]))
+        loads[w] += int(sizes[i]) + 1
+    return shares

@@ -1,14 +1,14 @@
-"""fedsim.privacy: the project's central privacy accountant.
+"""fedsim.privacy: what certifies. The mechanism a round releases, its DP events, the ledger, the accountants.
 
 Public API::
 
-    Mechanism, compose_same_cohort                 # what one round releases
-    ACCOUNTANTS, epsilon_curve, compute_curve      # per-round epsilon by method
+    Mechanism, compose_same_cohort                 # what one round releases (and its dp-accounting event)
+    ACCOUNTANTS, epsilon_curve, compute_curve      # the one registry of accountants, by name
     Ledger                                         # released rounds, serialisable
-    generalization_statement, corollary3_curve, min_population   # Theorem 1 (UAI / arXiv)
-    audit_closed_forms                             # why the paper bounds are not certificates
-    calibrate_noise                                # noise multiplier for a target (eps, delta)
     PrivacyInputError
+
+What analyses the papers (generalization from privacy, the audit of the paper bounds, calibration) is in
+:mod:`fedsim.privacy.paper`, which builds on this package; this package never imports it.
 """
 
 from .accountants import (
@@ -24,9 +24,6 @@ from .accountants import (
 from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 from .ledger import Ledger
-from .generalization import corollary3_curve, generalization_statement, min_population
-from .audit import audit_closed_forms
-from .calibration import calibrate_noise
 
 __all__ = [
     "ACCOUNTANTS",
@@ -38,12 +35,7 @@ __all__ = [
     "Ledger",
     "Mechanism",
     "PrivacyInputError",
-    "audit_closed_forms",
-    "calibrate_noise",
     "compose_same_cohort",
     "compute_curve",
-    "corollary3_curve",
     "epsilon_curve",
-    "generalization_statement",
-    "min_population",
 ]

@@ -28,26 +28,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .errors import PrivacyInputError
+from fedsim.round.noise import NOISE_PLACEMENTS
+from fedsim.round.sampling import SAMPLINGS
+from fedsim.validation import PrivacyInputError, cohort, is_int, one_of, positive_finite
 
 __all__ = ["Mechanism", "SAMPLINGS", "NOISE_PLACEMENTS", "compose_same_cohort"]
-
-SAMPLINGS = ("poisson", "fixed", "all")
-NOISE_PLACEMENTS = ("central", "distributed")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _positive_finite(name: str, value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise PrivacyInputError(name, value, "must be a positive finite number") from None
-    if isinstance(value, bool) or not math.isfinite(v) or v <= 0:
-        raise PrivacyInputError(name, value, "must be a positive finite number")
-    return v
 
 
 @dataclass(frozen=True)
@@ -71,67 +56,22 @@ class Mechanism:
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
-        if not _is_int(self.population) or self.population < 1:
+        if not is_int(self.population) or self.population < 1:
             raise PrivacyInputError("population", self.population, "must be an integer >= 1")
-        if self.sampling not in SAMPLINGS:
-            raise PrivacyInputError("sampling", self.sampling, f"must be one of {', '.join(SAMPLINGS)}")
-        if self.noise_placement not in NOISE_PLACEMENTS:
-            raise PrivacyInputError(
-                "noise_placement", self.noise_placement, f"must be one of {', '.join(NOISE_PLACEMENTS)}"
-            )
-        object.__setattr__(self, "clip", _positive_finite("clip", self.clip))
-        object.__setattr__(
-            self, "noise_multiplier", _positive_finite("noise_multiplier", self.noise_multiplier)
-        )
+        one_of("sampling", self.sampling, SAMPLINGS)
+        one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
+        object.__setattr__(self, "clip", positive_finite("clip", self.clip))
+        object.__setattr__(self, "noise_multiplier", positive_finite("noise_multiplier", self.noise_multiplier))
         if self.diameter is not None:
-            d = _positive_finite("diameter", self.diameter)
+            d = positive_finite("diameter", self.diameter)
             if d > 2 * self.clip * (1 + 1e-12):
                 raise PrivacyInputError(
                     "diameter", self.diameter, f"must be in (0, 2*clip] = (0, {2 * self.clip:g}]"
                 )
             object.__setattr__(self, "diameter", d)
-
-        rate, cpr, n = self.sampling_rate, self.clients_per_round, self.population
-        if rate is not None:
-            try:
-                rate_f = float(rate)
-            except (TypeError, ValueError):
-                raise PrivacyInputError("sampling_rate", rate, "must be a number in (0, 1]") from None
-            if isinstance(rate, bool) or not math.isfinite(rate_f) or not (0.0 < rate_f <= 1.0):
-                raise PrivacyInputError("sampling_rate", rate, "must be in (0, 1]")
-            object.__setattr__(self, "sampling_rate", rate_f)
-        if cpr is not None:
-            if isinstance(cpr, float) and cpr.is_integer():
-                cpr = int(cpr)
-                object.__setattr__(self, "clients_per_round", cpr)
-            if not _is_int(cpr) or not (1 <= cpr <= n):
-                raise PrivacyInputError(
-                    "clients_per_round", self.clients_per_round, f"must be an integer in [1, population={n}]"
-                )
-
-        if self.sampling in ("poisson", "fixed"):
-            if (rate is None) == (cpr is None):
-                raise PrivacyInputError(
-                    "sampling_rate/clients_per_round",
-                    (rate, cpr),
-                    f"give exactly one of the two for sampling={self.sampling!r}",
-                )
-            if self.sampling == "fixed" and rate is not None:
-                tau = self.sampling_rate * n
-                if abs(tau - round(tau)) > 1e-9 * max(1.0, tau) or round(tau) < 1:
-                    raise PrivacyInputError(
-                        "sampling_rate",
-                        rate,
-                        f"for fixed-size sampling rate*population must be a whole number of clients >= 1 "
-                        f"(got {tau:g}); give clients_per_round instead",
-                    )
-        else:  # all
-            if rate is not None and self.sampling_rate != 1.0:
-                raise PrivacyInputError("sampling_rate", rate, "must be omitted (or 1) for sampling='all'")
-            if cpr is not None and cpr != n:
-                raise PrivacyInputError(
-                    "clients_per_round", cpr, f"must be omitted (or equal population={n}) for sampling='all'"
-                )
+        rate, cpr = cohort(self.sampling, self.sampling_rate, self.clients_per_round, self.population)
+        object.__setattr__(self, "sampling_rate", rate)
+        object.__setattr__(self, "clients_per_round", cpr)
 
     # ------------------------------------------------------------------ derived quantities
     @property

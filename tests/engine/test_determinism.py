@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from fedsim.engine.ray_engine import LocalEngine, RayEngine
-from fedsim.engine.runner import build_data, run_scenario
-from fedsim.engine.trainer import TrainSettings
+from fedsim.engine.runner import run_scenario
+from fedsim.experiment import build_data
+from fedsim.training.trainer import TrainSettings
 from fedsim.scenarios import load_scenario
 
 OVERRIDES = ["rounds=3", "data.num_clients=24", "privacy.sampling_rate=0.5", "engine.eval_every=3"]

@@ -21,7 +21,7 @@ def data():
 
 
 def _settings(model="mlp", vectorize=False, **kw):
-    from fedsim.engine.trainer import TrainSettings
+    from fedsim.training.trainer import TrainSettings
 
     mk = {"hidden": [32]} if model == "mlp" else {}
     return TrainSettings(model=model, model_kwargs=mk, local_epochs=2, batch_size=8, lr=0.05, seed=1,
@@ -31,7 +31,7 @@ def _settings(model="mlp", vectorize=False, **kw):
 @pytest.mark.parametrize("vectorize", [False, True])
 @pytest.mark.parametrize("model", ["mlp", "logreg"])
 def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
-    from fedsim.engine.trainer import ClientTrainer, initial_weights
+    from fedsim.training.trainer import ClientTrainer, initial_weights
 
     s = _settings(model, vectorize)
     w = initial_weights(s, data.input_dim, data.num_classes)
@@ -47,7 +47,7 @@ def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
 
 def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
     from fedsim.data import build_federated_data
-    from fedsim.engine.trainer import ClientTrainer, initial_weights
+    from fedsim.training.trainer import ClientTrainer, initial_weights
 
     d = build_federated_data("synthetic", num_clients=40, heldout_fraction=0.0, synthetic_alpha=0.5,
                              synthetic_beta=0.5, seed=4)
@@ -60,7 +60,7 @@ def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
 
 
 def test_add_batch_on_cuda_matches_numpy():
-    from fedsim.privacy.aggregation import PartialSum
+    from fedsim.round import PartialSum
 
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(300, 257)) * rng.choice([0.01, 1.0, 10.0], size=(300, 1))
@@ -80,7 +80,7 @@ def test_ray_actors_with_fractional_gpus_train_on_cuda_and_match_cpu(data):
     from fedsim.engine.ray_engine import LocalEngine, RayEngine
 
     s = _settings("mlp", vectorize=True)
-    from fedsim.engine.trainer import initial_weights
+    from fedsim.training.trainer import initial_weights
 
     w = initial_weights(s, data.input_dim, data.num_classes)
 

@@ -44,7 +44,7 @@ def test_wheel_installs_namespaced_packages(tmp_path):
         "load_scenario('quickstart');"
         "print(fedsim.strategies.__file__); print(fedsim.scenarios.__file__);"
         # the fused kernel's C source ships in the wheel (it is compiled on first use)
-        "import fedsim.engine.native as nat; print(nat._SRC); assert nat._SRC.is_file(), nat._SRC;"
+        "import fedsim.training.native as nat; print(nat._SRC); assert nat._SRC.is_file(), nat._SRC;"
         "import platform, shutil;"
         "ok = nat.available() or not (platform.machine() == 'x86_64' and shutil.which('cc'));"
         "assert ok, nat.unavailable_reason()"

@@ -4,14 +4,12 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy import (
-    Ledger, Mechanism, PrivacyInputError, compose_same_cohort, corollary3_curve, epsilon_curve,
-    generalization_statement, min_population,
-)
+from fedsim.privacy import Ledger, Mechanism, PrivacyInputError, compose_same_cohort, epsilon_curve
+from fedsim.privacy.paper import corollary3_curve, generalization_statement, min_population
 from fedsim.privacy.accountants import epsilon_at
-from fedsim.privacy.calibration import calibrate_noise
-from fedsim.privacy.cli import add_parser, build_parser, main, run
-from fedsim.privacy.generalization import precondition_n, statement_curve, theorem1_ab
+from fedsim.privacy.paper.calibration import calibrate_noise
+from fedsim.report.privacy import add_parser, build_parser, main, run
+from fedsim.privacy.paper.generalization import precondition_n, statement_curve, theorem1_ab
 
 M = Mechanism(population=1000, sampling_rate=0.05, noise_multiplier=1.2)
 
@@ -213,7 +211,7 @@ def test_module_entry_point():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "fedsim.privacy.cli", "--population", "10", "--sampling", "all",
+    r = subprocess.run([sys.executable, "-m", "fedsim.report.privacy", "--population", "10", "--sampling", "all",
                         "--noise-multiplier", "5", "--rounds", "3", "--methods", "rdp", "basic", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

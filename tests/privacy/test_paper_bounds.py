@@ -7,8 +7,9 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-from fedsim.privacy import Mechanism, audit_closed_forms, compute_curve
-from fedsim.privacy.audit import audit_igmm_params
+from fedsim.privacy import Mechanism, compute_curve
+from fedsim.privacy.paper import audit_closed_forms
+from fedsim.privacy.paper.audit import audit_igmm_params
 from fedsim.privacy.closed_forms import (
     dpfl_theorem8, igmm_theorem7, optimal_composition_delta, paper_composition,
 )

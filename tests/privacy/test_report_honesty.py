@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fedsim.privacy import CERTIFIED, PAPER_BOUNDS, VALID_BOUNDS, Mechanism, compute_curve, method_kind
-from fedsim.privacy.audit import audit_closed_forms
-from fedsim.privacy.cli import main as privacy_main
+from fedsim.privacy.paper.audit import audit_closed_forms
+from fedsim.report.privacy import main as privacy_main
 from fedsim.privacy.gaussian import amplify_epsilon
 
 
@@ -76,7 +76,7 @@ def test_run_summary_describes_every_release_of_a_round(tmp_path):
     # igmm-corrected uses the model and the count composed: with a noisy count (z=0.5), far above the model's
     from fedsim.privacy import epsilon_curve
 
-    model_only = epsilon_curve(res.strategy.mechanism(res.strategy.population), 2, 1e-5, "igmm-corrected")
+    model_only = epsilon_curve(res.strategy.mechanism(res.strategy.ledger.releases[0].mechanism.population), 2, 1e-5, "igmm-corrected")
     row = res.rows[-1]
     assert row["paper_epsilon_igmm-corrected"] > 1.5 * model_only[-1]
     assert row["epsilon"] <= row["paper_epsilon_igmm-corrected"] * (1 + 1e-9)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy.aggregation import PartialSum
+from fedsim.round import PartialSum
 from fedsim.strategies import DPAgnosticFedAvg, DPFedAvg, project_to_simplex
 
 DOMAINS = {c: (0 if c < 14 else 1 if c < 18 else 2) for c in range(20)}  # 14 / 4 / 2 clients

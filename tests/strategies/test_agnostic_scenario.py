@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from fedsim.scenarios import load_scenario
 
-from fedsim.engine.runner import build_data, build_strategy, run_scenario
-from fedsim.privacy.aggregation import PartialSum
+from fedsim.engine.runner import run_scenario
+from fedsim.experiment import build_data, build_strategy
+from fedsim.round import PartialSum
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.privacy.aggregation import STREAM_NOISE, PartialSum, make_rng
+from fedsim.round import STREAM_NOISE, PartialSum, make_rng
 from fedsim.strategies import AdaptiveClipping, BudgetExhausted, DPFedAvg
 
 
@@ -42,15 +42,19 @@ def test_is_a_flower_strategy():
     assert issubclass(DPFedAvg, Strategy)
 
 
-def test_errors_name_the_field():
-    with pytest.raises(ValueError, match="sampling must be one of poisson, fixed, all"):
-        DPFedAvg(sampling="uniform")
-    with pytest.raises(ValueError, match="clip"):
-        DPFedAvg(clip=0.0)
-    with pytest.raises(ValueError, match="noise_multiplier"):
-        DPFedAvg(noise_multiplier=-1.0)
-    with pytest.raises(ValueError, match="noise_placement"):
-        DPFedAvg(noise_placement="local")
+def test_errors_name_the_field_with_one_message_everywhere():
+    from fedsim.privacy import Mechanism, PrivacyInputError
+
+    cases = [("sampling", "uniform"), ("clip", 0.0), ("noise_multiplier", -1.0), ("noise_placement", "local")]
+    for field, bad in cases:
+        with pytest.raises(PrivacyInputError) as strategy_error:
+            DPFedAvg(sampling_rate=0.5, **{field: bad})
+        with pytest.raises(PrivacyInputError) as mechanism_error:
+            Mechanism(population=10, sampling_rate=0.5, **{field: bad})
+        assert str(strategy_error.value) == str(mechanism_error.value)
+        assert str(strategy_error.value).startswith(f"{field}={bad!r} is invalid: ")
+    with pytest.raises(PrivacyInputError, match="sampling_rate/clients_per_round"):
+        DPFedAvg(sampling="poisson")  # neither a rate nor a cohort size
 
 
 def test_message_api_round_counts_bad_replies_and_they_never_reach_the_model():

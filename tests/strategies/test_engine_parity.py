@@ -6,8 +6,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.engine.ray_engine import LocalEngine
-from fedsim.engine.runner import build_data
-from fedsim.engine.trainer import TrainSettings, initial_weights
+from fedsim.experiment import build_data
+from fedsim.training.trainer import TrainSettings, initial_weights
 from fedsim.scenarios import load_scenario
 from fedsim.strategies import DPFedAvg
 

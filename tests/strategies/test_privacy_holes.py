@@ -15,8 +15,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.privacy import Ledger
-from fedsim.privacy import randomness as rnd
-from fedsim.privacy.aggregation import PartialSum, bounded_value
+from fedsim.round import randomness as rnd
+from fedsim.round import PartialSum, bounded_value
 from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg
 
 
@@ -107,8 +107,8 @@ def test_a_non_finite_domain_loss_rejects_the_reply_and_lambda_stays_finite(task
 
 
 def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
-    from fedsim.engine.runner import build_data
-    from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.experiment import build_data
+    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
     from fedsim.scenarios import load_scenario
 
     scenario = load_scenario("quickstart", ["data.num_clients=8", "data.domains=2"])
@@ -169,7 +169,7 @@ def test_unseeded_generators_draw_from_the_operating_system(monkeypatch):
     calls.clear()
     strategy.finish_round(plan, np.zeros(5), PartialSum(5))
     assert len(calls) >= 2  # the model noise and the count noise
-    assert DPFedAvg(seed=3).randomness == "seeded"
+    assert DPFedAvg(sampling_rate=0.1, seed=3).randomness == "seeded"
 
 
 def test_os_entropy_generator_draws_have_the_right_distribution():

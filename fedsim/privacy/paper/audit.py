@@ -22,11 +22,11 @@ import math
 
 import numpy as np
 
-from . import closed_forms
-from .accountants import compute_curve, epsilon_at, validate_delta, validate_rounds
-from .errors import PrivacyInputError
-from .gaussian import gaussian_delta
-from .mechanism import Mechanism
+from fedsim.privacy import closed_forms
+from fedsim.privacy.accountants import compute_curve, epsilon_at, validate_delta, validate_rounds
+from fedsim.privacy.errors import PrivacyInputError
+from fedsim.privacy.gaussian import gaussian_delta
+from fedsim.privacy.mechanism import Mechanism
 
 __all__ = ["audit_closed_forms", "audit_igmm_params"]
 

@@ -19,8 +19,9 @@ def test_flower_engine_matches_local_engine():
 
     from fedsim.engine.flower_engine import FlowerEngine
     from fedsim.engine.ray_engine import LocalEngine
-    from fedsim.engine.runner import build_data, run_scenario
-    from fedsim.engine.trainer import TrainSettings
+    from fedsim.engine.runner import run_scenario
+    from fedsim.experiment import build_data
+    from fedsim.training.trainer import TrainSettings
 
     scenario = load_scenario("quickstart", TINY)
     data = build_data(scenario)

@@ -1,11 +1,11 @@
 """Local training of clients: the code that runs inside every worker (Ray actor, Flower ClientApp, in-process).
 
 A :class:`ClientTrainer` keeps one model and the federated data, copies the global weights into the model in
-place, trains a list of clients one after the other (or together when vectorised: :mod:`fedsim.engine.vectorized`),
-clips each update with :func:`fedsim.privacy.aggregation.clip_update` and returns only a
-:class:`~fedsim.privacy.aggregation.PartialSum` plus per-client metrics.
+place, trains a list of clients one after the other (or together when vectorised: :mod:`fedsim.training.vectorized`),
+clips each update with :func:`fedsim.round.clip_update` and returns only a
+:class:`~fedsim.round.PartialSum` plus per-client metrics.
 
-Client randomness (batch order: :mod:`fedsim.engine.shuffle`; distributed noise shares) comes from
+Client randomness (batch order: :mod:`fedsim.training.shuffle`; distributed noise shares) comes from
 ``(seed, round, client_id)``, so the result does not depend on which worker trains which client.
 """
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fedsim.models import build_model
-from fedsim.privacy.aggregation import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
+from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
 
 from .shuffle import client_orders
 
@@ -273,30 +273,3 @@ class ClientTrainer:
             correct = (logits.argmax(1) == y).sum()
             rows[i] = (cid, y.shape[0], float(loss), float(correct))
         return rows
-
-
-def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> list[list[int]]:
-    """Largest clients first, each to the least loaded worker (LPT scheduling)."""
-    loads = [0] * workers
-    shares: list[list[int]] = [[] for _ in range(workers)]
-    for i in np.argsort(-sizes, kind="stable"):
-        w = int(np.argmin(loads))
-        shares[w].append(int(client_ids[i]))
-        loads[w] += int(sizes[i]) + 1
-    return shares
-
-
-def client_means(rows: np.ndarray) -> dict[str, float]:
-    """Client-level means (each client weighs the same: the unit of privacy and of generalization)."""
-    rows = rows[rows[:, 1] > 0]
-    if rows.size == 0:
-        return {"loss": math.nan, "accuracy": math.nan, "clients": 0}
-    loss = rows[:, 2] / rows[:, 1]
-    acc = rows[:, 3] / rows[:, 1]
-    return {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "clients": int(rows.shape[0])}
-
-
-def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:
-    """:func:`client_means` per domain (index = domain)."""
-    doms = np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
-    return [client_means(rows[doms == d]) for d in range(int(data.num_domains))]

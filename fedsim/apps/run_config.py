@@ -23,8 +23,12 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from flwr.app import Array, ArrayRecord
 
-from fedsim.privacy.aggregation import unflatten
+from fedsim.experiment import build_data
+from fedsim.round import unflatten
+from fedsim.scenarios import load_scenario
+from fedsim.training.trainer import ClientTrainer, TrainSettings
 
 
 ENV_SCENARIO = "FEDSIM_SCENARIO"
@@ -42,17 +46,12 @@ def scenario_source(run_config: dict[str, Any]) -> tuple[str, str]:
 
 
 def scenario_from_run_config(run_config: dict[str, Any]):
-    from fedsim.scenarios import load_scenario
-
     name, overrides = scenario_source(run_config)
     return load_scenario(name, shlex.split(overrides))
 
 
 @lru_cache(maxsize=4)
 def _cached(name: str, overrides: str) -> tuple[Any, Any, Any]:
-    from fedsim.engine.runner import build_data
-    from fedsim.engine.trainer import ClientTrainer, TrainSettings
-
     scenario = scenario_from_run_config({"scenario": name, "overrides": overrides})
     data = build_data(scenario)
     settings = TrainSettings.from_scenario(scenario)
@@ -69,3 +68,8 @@ def model_arrays(trainer: Any, flat: np.ndarray) -> dict[str, np.ndarray]:
     like = [p.detach().cpu().numpy() for p in trainer.params]
     names = [n for n, _ in trainer.model.named_parameters()]
     return dict(zip(names, unflatten(np.asarray(flat, dtype=np.float32), like), strict=True))
+
+
+def model_record(trainer: Any, flat: np.ndarray) -> ArrayRecord:
+    """:func:`model_arrays` as the ArrayRecord the ServerApp sends (and the layout replies must match)."""
+    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in model_arrays(trainer, flat).items()})

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedsim.flower import client_app as client_module
-from fedsim.flower import server_app as server_module
-from fedsim.flower.apps import load_for_run
+from fedsim.apps import client_app as client_module
+from fedsim.apps import server_app as server_module
+from fedsim.apps.run_config import load_for_run, model_record
+from fedsim.experiment import build_strategy
 from fedsim.flower.grid import ClientIdGrid
-from fedsim.privacy.aggregation import STREAM_NOISE, STREAM_NOISE_SHARE, clip_update, flatten, make_rng
+from fedsim.round import STREAM_NOISE, STREAM_NOISE_SHARE, clip_update, flatten, make_rng
+from fedsim.training.trainer import initial_weights
 
-from loopback import LoopbackGrid  # tests/flower/loopback.py (pytest puts this folder on sys.path)
+from loopback import LoopbackGrid  # tests/apps/loopback.py (pytest puts this folder on sys.path)
 
 NODES = 4
 
@@ -92,18 +94,13 @@ def test_deployed_noise_comes_from_os_entropy_and_cannot_be_regenerated(tmp_path
 def test_the_attack_recovers_seeded_noise(tmp_path):
     """The check above can fail: with a seeded strategy (what the ServerApp used to build from the scenario's
     seed), the same observer recovers the noise to float32 rounding from the scenario file alone."""
-    from fedsim.engine.runner import build_strategy
-    from fedsim.engine.trainer import initial_weights
-    from fedsim.flower.apps import model_arrays
-    from flwr.app import Array, ArrayRecord
-
     cfg = {"scenario": "quickstart", "overrides": BASE}
     scenario, data, trainer = load_for_run(cfg)
     strategy = build_strategy(scenario, population=None, data=data)
     assert strategy.seed == 0 and strategy.randomness == "seeded"
     grid = LoopbackGrid(client_module.app, NODES, cfg)
-    flat = initial_weights(trainer.settings, data.input_dim, data.num_classes)
-    initial = ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in model_arrays(trainer, flat).items()})
+    initial = model_record(trainer, initial_weights(trainer.settings, data.input_dim, data.num_classes))
+    # a user's own ServerApp: Flower's strategy.start() drives the strategy's Message API
     strategy.start(grid=ClientIdGrid(grid, min_nodes=NODES), initial_arrays=initial, num_rounds=2)
     noise = _released_noise(grid)
     assert np.max(np.abs(noise - _regenerated(0, noise.size))) < 1e-4

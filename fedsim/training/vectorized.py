@@ -1,13 +1,13 @@
 """Vectorised local training: many clients trained together, each with its own copy of the model.
 
 :func:`train_vectorized` runs, for K clients at once, exactly the SGD of
-:meth:`fedsim.engine.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch
-size and the same batch order (:func:`fedsim.engine.shuffle.client_orders`, a function of
+:meth:`fedsim.training.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch
+size and the same batch order (:func:`fedsim.training.shuffle.client_orders`, a function of
 ``(seed, round, client id, epoch)``). The model's parameters are stacked along a leading client axis. For the
 registry's models one SGD step of every client is a few batched matrix products with the backward pass
-written out (:mod:`fedsim.engine.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
+written out (:mod:`fedsim.training.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
 (``torch.func.functional_call``). Both give each client exactly its own gradient. On the CPU, a CNN1D chunk
-is trained instead by a fused C kernel (:mod:`fedsim.engine.native`, client by client with every step in
+is trained instead by a fused C kernel (:mod:`fedsim.training.native`, client by client with every step in
 cache) when it can be compiled; ``FEDSIM_NATIVE=0`` turns it off.
 
 Ragged clients: each client ``k`` takes ``ceil(n_k / batch_size)`` steps per epoch. Clients are sorted by
@@ -49,8 +49,8 @@ def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Te
     """``step(params, x, y, mask, count) -> (grads, losses)`` for ``a`` clients (leading axis of every argument).
 
     The loss of client k is ``sum(mask_k * cross_entropy) / count_k``. LogReg and MLPs use
-    :func:`fedsim.engine.stacked.dense_step` (the backward pass written out). With a stacked forward
-    (:func:`fedsim.engine.stacked.stacked_forward`) one autograd pass over the sum of the clients' losses
+    :func:`fedsim.training.stacked.dense_step` (the backward pass written out). With a stacked forward
+    (:func:`fedsim.training.stacked.stacked_forward`) one autograd pass over the sum of the clients' losses
     gives each client's gradient; otherwise ``vmap(grad(functional_call(model)))``.
     """
     manual = dense_step(model)
@@ -84,7 +84,7 @@ def _batch_plan(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Index, mask and count tensors ``[epochs, steps, K, B]`` (indices into the chunk's concatenated data).
 
-    The batch orders are :func:`fedsim.engine.shuffle.client_orders`, exactly those of ``train_one``.
+    The batch orders are :func:`fedsim.training.shuffle.client_orders`, exactly those of ``train_one``.
     """
     s = trainer.settings
     bsz = int(s.batch_size)
@@ -130,7 +130,7 @@ def _empty_chunk(
 def _train_chunk_native(
     trainer: Any, dims: np.ndarray, server_round: int, cids: list[int], global_w: torch.Tensor
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    """:func:`_train_chunk` with the fused CPU kernel :func:`fedsim.engine.native.cnn1d_train` (every step of
+    """:func:`_train_chunk` with the fused CPU kernel :func:`fedsim.training.native.cnn1d_train` (every step of
     the chunk in one call; the same batches, losses and updates up to float rounding)."""
     from . import native
 
@@ -253,7 +253,7 @@ def train_vectorized_chunks(
 
 def native_dims(trainer: Any) -> np.ndarray | None:
     """The fused CPU kernel's dims for ``trainer``'s model when that kernel will train it (a CNN1D on the CPU,
-    :func:`fedsim.engine.native.available`), else ``None`` (the PyTorch path)."""
+    :func:`fedsim.training.native.available`), else ``None`` (the PyTorch path)."""
     from . import native
 
     if trainer.device.type != "cpu" or not native.enabled():

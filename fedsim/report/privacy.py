@@ -7,7 +7,7 @@ Examples::
     fedsim privacy --population 1000 --sampling-rate 0.1 --rounds 500 --delta 1e-5 --target-epsilon 3
     fedsim privacy ... --json
 
-Also runnable as ``python -m fedsim.privacy.cli``.
+Also runnable as ``python -m fedsim.report.privacy``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 
 import numpy as np
 
-from .accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
-from .errors import PrivacyInputError
-from .mechanism import SAMPLINGS, Mechanism
+from fedsim.privacy.accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
+from fedsim.privacy.errors import PrivacyInputError
+from fedsim.privacy.mechanism import SAMPLINGS, Mechanism
 
 __all__ = ["add_parser", "build_parser", "run", "main"]
 
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .audit import audit_closed_forms
-    from .calibration import calibrate_noise
-    from .generalization import statement_curve
+    from fedsim.privacy.paper.audit import audit_closed_forms
+    from fedsim.privacy.paper.calibration import calibrate_noise
+    from fedsim.privacy.paper.generalization import statement_curve
 
     methods = list(dict.fromkeys(args.methods))
     for m in methods:

@@ -4,8 +4,8 @@ A client's example order in epoch ``e`` of round ``t`` is the argsort of 64-bit 
 ``mix(client_key(seed, t, cid, e) + index)``, where ``mix`` is SplitMix64 (Steele, Lea and
 Flood 2014): a counter-based generator. Every client's order depends only on ``(seed, round, client id,
 epoch)``, never on which other clients share its worker or chunk, so the loop
-(:meth:`~fedsim.engine.trainer.ClientTrainer.train_one`) and the vectorised path
-(:mod:`fedsim.engine.vectorized`) shuffle identically, and the orders of a whole cohort cost one NumPy
+(:meth:`~fedsim.training.trainer.ClientTrainer.train_one`) and the vectorised path
+(:mod:`fedsim.training.vectorized`) shuffle identically, and the orders of a whole cohort cost one NumPy
 sort instead of one generator per client.
 
 ``seed=None`` (a deployment, not a simulation) draws the base key from the operating system's entropy.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedsim.data.synthetic import splitmix64
-from fedsim.privacy.aggregation import STREAM_CLIENT
+from fedsim.round import STREAM_CLIENT
 
 
 def _absorb(key: np.ndarray, value: np.ndarray | int) -> np.ndarray:

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from fedsim.engine import vectorized
-from fedsim.engine.shuffle import client_orders
-from fedsim.engine.stacked import dense_step, stacked_forward
+from fedsim.training import vectorized
+from fedsim.training.shuffle import client_orders
+from fedsim.training.stacked import dense_step, stacked_forward
 from fedsim.models import build_model
 
 CASES = [

@@ -1,22 +1,8 @@
-"""The one implementation of the private round: sample, clip, sum, noise.
+"""Clipping and the partial sum: what crosses process boundaries in a round.
 
-Every engine (the Ray engine, the in-process engine, Flower's Simulation Engine, a deployed SuperLink)
-goes through these functions; the strategies in :mod:`fedsim.strategies` only decide *when* to call them.
-
-Conventions (``shared/reference/privacy-formulas.md`` section 1):
-
-* an update is a flat vector (all of the model's tensors concatenated);
-* ``clip``: flat L2 clipping to norm ``clip``; a zero norm is fine; a non-finite update is *rejected*
-  (it contributes zero and is counted), never clipped into the sum;
-* the Gaussian noise on the **sum** has std ``noise_multiplier * clip``;
-* the aggregate is divided by the **expected** cohort size, never the realised count (the realised count
-  is data-dependent and would leak).
-
-Randomness (:mod:`fedsim.privacy.randomness`): every stream comes from its own generator seeded by
-``(seed, round, stream[, client])``, never from Python's or NumPy's global generators, so results do not depend
-on call order or worker count. With ``seed=None`` every value comes from the operating system's entropy
-(``os.urandom``): deployments use that; seeded noise is reproducible, which is the point of a simulator and the
-opposite of what a deployment wants.
+Conventions (``shared/reference/privacy-formulas.md`` section 1): an update is a flat vector (all of the model's
+tensors concatenated); ``clip`` is flat L2 clipping to norm ``clip``; a zero norm is fine; a non-finite update is
+*rejected* (it contributes zero and is counted), never clipped into the sum.
 """
 
 from __future__ import annotations
@@ -26,19 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from .randomness import (  # noqa: F401 - re-exported: the round's code imports them from here
-    STREAM_CLIENT,
-    STREAM_COUNT_NOISE,
-    STREAM_LOSS_NOISE,
-    STREAM_NOISE,
-    STREAM_NOISE_SHARE,
-    STREAM_SAMPLING,
-    make_rng,
-)
-
-SAMPLINGS = ("poisson", "fixed", "all")
-NOISE_PLACEMENTS = ("central", "distributed")
 
 
 def bounded_value(value: Any, low: float, high: float) -> float | None:
@@ -52,51 +25,6 @@ def bounded_value(value: Any, low: float, high: float) -> float | None:
     if not math.isfinite(v):
         return None
     return min(max(v, low), high)
-
-
-def id_array(client_ids: Any) -> np.ndarray:
-    """Sorted, unique client (or Flower node) ids as an integer array.
-
-    Flower's node ids are random unsigned 64-bit integers, which overflow ``int64``: those get ``uint64``.
-    """
-    if isinstance(client_ids, np.ndarray) and client_ids.dtype.kind in "iu":
-        ids = client_ids.ravel()
-        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # already sorted and unique (the usual case)
-            return ids
-        return np.unique(ids)
-    values = sorted({int(c) for c in client_ids})
-    big = bool(values) and values[-1] > np.iinfo(np.int64).max
-    return np.asarray(values, dtype=np.uint64 if big else np.int64)
-
-
-def sample_cohort(
-    client_ids: np.ndarray | list[int],
-    sampling: str,
-    rng: np.random.Generator,
-    *,
-    sampling_rate: float | None = None,
-    clients_per_round: int | None = None,
-) -> np.ndarray:
-    """Draw one round's cohort from ``client_ids`` (order-independent: ids are sorted first).
-
-    ``poisson``: each client independently with probability ``sampling_rate`` (may be empty);
-    ``fixed``: exactly ``clients_per_round`` clients uniformly without replacement; ``all``: everyone.
-    """
-    ids = id_array(client_ids)
-    if sampling == "poisson":
-        if sampling_rate is None or not 0.0 < sampling_rate <= 1.0:
-            raise ValueError(f"poisson sampling needs sampling_rate in (0, 1], got {sampling_rate!r}")
-        return ids[rng.random(ids.size) < sampling_rate]
-    if sampling == "fixed":
-        if clients_per_round is None or not 1 <= clients_per_round <= ids.size:
-            raise ValueError(
-                f"fixed sampling needs 1 <= clients_per_round <= population ({ids.size}), "
-                f"got {clients_per_round!r}"
-            )
-        return np.sort(rng.choice(ids, size=int(clients_per_round), replace=False))
-    if sampling == "all":
-        return ids
-    raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
 
 
 def _is_torch(x: Any) -> bool:
@@ -257,52 +185,6 @@ class PartialSum:
             else:
                 self.extras[key] = vec.copy()
         return self
-
-
-def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
-    return rng.normal(0.0, std, size=dim) if std > 0 else np.zeros(dim)
-
-
-def noise_share_std(noise_multiplier: float, clip: float, cohort_size: int) -> float:
-    """Distributed noise: the std each of ``cohort_size`` sampled clients adds so the shares sum to
-    ``N(0, (z*clip)^2)``. The server tops up the shares of clients that did not reply (see
-    :func:`private_mean`), so the total never falls below the accounted noise."""
-    return noise_multiplier * clip / math.sqrt(cohort_size) if cohort_size > 0 else 0.0
-
-
-def private_mean(
-    partial: PartialSum,
-    *,
-    clip: float,
-    noise_multiplier: float,
-    expected_cohort: float,
-    rng: np.random.Generator,
-    noise_placement: str = "central",
-    cohort_size: int = 0,
-) -> tuple[np.ndarray, float]:
-    """``(sum of clipped updates + N(0, (z*clip)^2 I)) / expected_cohort``.
-
-    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each of the
-    ``cohort_size`` sampled clients already added a share of variance ``(z*clip)^2/cohort_size``; the server
-    adds the missing shares of the clients whose reply did not arrive or was rejected (and all of it for an
-    empty cohort), so the total noise variance is ``(z*clip)^2`` in every case.
-    """
-    if expected_cohort <= 0:
-        raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
-    full_var = (noise_multiplier * clip) ** 2
-    if noise_placement == "central":
-        server_var = full_var
-    elif noise_placement == "distributed":
-        if cohort_size <= 0:
-            server_var = full_var
-        else:
-            missing = max(cohort_size - partial.noise_shares, 0)
-            server_var = full_var * missing / cohort_size
-    else:
-        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}")
-    std = math.sqrt(server_var)
-    noised = partial.total + gaussian_noise(partial.dim, std, rng)
-    return noised / expected_cohort, std
 
 
 def flatten(arrays: list[np.ndarray]) -> np.ndarray:

@@ -5,7 +5,7 @@ One kernel today: :func:`cnn1d_train`, the local SGD of many clients' :class:`fe
 links (MKL in the x86-64 Linux wheels), looked up in ``libtorch_cpu``; nothing is linked at build time.
 
 The kernel is an optimisation only. :func:`available` is ``False``, and fedsim uses its PyTorch path
-(:mod:`fedsim.engine.stacked`), when there is no C compiler, when PyTorch exports no ``sgemm_``, when
+(:mod:`fedsim.training.stacked`), when there is no C compiler, when PyTorch exports no ``sgemm_``, when
 compiling or loading fails, or when ``FEDSIM_NATIVE=0`` is set; :func:`unavailable_reason` says which.
 Compiled libraries are cached in ``$FEDSIM_CACHE_DIR`` (default ``$XDG_CACHE_HOME/fedsim``, else
 ``~/.cache/fedsim``, else the temporary folder), keyed by the source, the compiler, its flags and the CPU.

@@ -32,7 +32,8 @@ import math
 import numpy as np
 from scipy.optimize import brentq
 
-from .errors import PrivacyInputError
+from fedsim.privacy.accountants import compute_curve
+from fedsim.privacy.errors import PrivacyInputError
 
 __all__ = [
     "VERSIONS",
@@ -327,8 +328,6 @@ def min_population(mechanism, rounds: int, delta: float, method: str = "pld", ve
     round if given as a count (then a larger population also lowers epsilon through q = tau/N).
     Returns None if no population up to ``max_population`` suffices.
     """
-    from .accountants import compute_curve
-
     def mech_at(n: int):
         return mechanism.replace(population=n) if mechanism.sampling_rate is not None or mechanism.sampling == "all" \
             else mechanism.replace(population=n, clients_per_round=mechanism.clients_per_round)

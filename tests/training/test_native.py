@@ -1,4 +1,4 @@
-"""The fused CPU kernel for CNN1D (fedsim.engine.native) must train exactly as the PyTorch paths do."""
+"""The fused CPU kernel for CNN1D (fedsim.training.native) must train exactly as the PyTorch paths do."""
 
 import os
 import platform
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedsim.data import build_federated_data
-from fedsim.engine import native
-from fedsim.engine import vectorized as vec
-from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
+from fedsim.training import native
+from fedsim.training import vectorized as vec
+from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 from fedsim.models import build_model
 
 # where fedsim is developed and tested (x86-64 Linux, a C compiler, PyTorch's MKL) the kernel must build:
@@ -144,9 +144,9 @@ def test_unsupported_models_have_no_kernel():
 
 def _probe(env_extra, tmp_path):
     code = (
-        "import torch; from fedsim.engine import native; from fedsim.data import build_federated_data;"
-        "from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights;"
-        "from fedsim.engine.vectorized import train_vectorized, native_dims;"
+        "import torch; from fedsim.training import native; from fedsim.data import build_federated_data;"
+        "from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights;"
+        "from fedsim.training.vectorized import train_vectorized, native_dims;"
         "d = build_federated_data('mnist1d', num_clients=4, heldout_fraction=0.0, num_samples=200);"
         "s = TrainSettings(model='cnn1d', model_kwargs={}, batch_size=8, vectorize=True);"
         "t = ClientTrainer(d, s, device='cpu');"

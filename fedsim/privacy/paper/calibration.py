@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from .accountants import ACCOUNTANTS, epsilon_at, validate_delta, validate_method, validate_rounds
-from .errors import PrivacyInputError
-from .mechanism import Mechanism
+from fedsim.privacy.accountants import ACCOUNTANTS, epsilon_at, validate_delta, validate_method, validate_rounds
+from fedsim.privacy.errors import PrivacyInputError
+from fedsim.privacy.mechanism import Mechanism
 
 __all__ = ["calibrate_noise", "calibrate_all"]
 

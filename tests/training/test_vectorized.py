@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from fedsim.data import build_federated_data
-from fedsim.engine.trainer import ClientTrainer, TrainSettings, initial_weights
-from fedsim.engine.vectorized import train_vectorized
+from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+from fedsim.training.vectorized import train_vectorized
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,14 @@ and shapes of ``model.named_parameters()``), inputs ``x [K, B, input_dim]`` and 
 
 * :func:`dense_step` (LogReg, ReLU MLPs, CNN1D): ``step(params, x, y, mask, count) -> (grads, losses)`` with
   the backward pass written out as batched GEMMs (``torch.bmm``/``baddbmm``), no autograd graph. This is
-  what :mod:`fedsim.engine.vectorized` uses for the registry's models.
+  what :mod:`fedsim.training.vectorized` uses for the registry's models.
 * :func:`stacked_forward`: ``f(params, x) -> logits`` for the same models; the clients' parameters are
   independent, so one autograd pass over the *sum* of their losses gives every client its own gradient.
   The fallback when a written-out step is missing, and a reference for it in the tests.
 
 Convolutions are im2col GEMMs in channels-last layout ``[K, B, L, C]`` (elementwise layers then run on
 contiguous memory; the head's weight is permuted, a small copy, instead of the activations). Anything else
-returns ``None`` and :mod:`fedsim.engine.vectorized` uses ``torch.func.vmap``. All three agree to float
+returns ``None`` and :mod:`fedsim.training.vectorized` uses ``torch.func.vmap``. All three agree to float
 rounding (tested).
 """
 

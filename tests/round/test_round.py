@@ -1,4 +1,4 @@
-"""The one private round: sampling, clipping, noise (fedsim.privacy.aggregation)."""
+"""The one private round: sampling, clipping, noise (fedsim.round)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fedsim.privacy.aggregation import (
+from fedsim.round import (
     PartialSum,
     clip_update,
     flatten,
@@ -56,9 +56,9 @@ def test_sampling_uses_its_own_generator_not_the_global_one():
 
 
 def test_sampling_errors_name_the_value():
-    with pytest.raises(ValueError, match="sampling_rate in \\(0, 1\\]"):
+    with pytest.raises(ValueError, match="sampling_rate=1.5 is invalid: must be in \\(0, 1\\]"):
         sample_cohort(np.arange(5), "poisson", make_rng(0, 0, 1), sampling_rate=1.5)
-    with pytest.raises(ValueError, match="clients_per_round <= population"):
+    with pytest.raises(ValueError, match=r"clients_per_round=6 is invalid: must be an integer in \[1, population=5\]"):
         sample_cohort(np.arange(5), "fixed", make_rng(0, 0, 1), clients_per_round=6)
     with pytest.raises(ValueError, match="poisson, fixed, all"):
         sample_cohort(np.arange(5), "uniform", make_rng(0, 0, 1))

@@ -1,6 +1,6 @@
 """The fedsim ClientApp: one node = one training client of the scenario.
 
-It trains with the same :class:`~fedsim.engine.trainer.ClientTrainer` as the Ray engine and, when the
+It trains with the same :class:`~fedsim.training.trainer.ClientTrainer` as the Ray engine and, when the
 server asks for distributed noise (``fedsim.noise-share-std`` in the config), clips its update and adds its
 own noise share before the update leaves the node. Nothing happens at import time.
 
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim.privacy.aggregation import flatten
-from fedsim.strategies.dpfedavg import (
+from fedsim.flower.grid import KEY_CLIENT_ID, KEY_PARTITION_ID
+from fedsim.flower.protocol import (
     CFG_CLIP,
     CFG_COUNT_NOISE_STD,
     CFG_LOSS_BOUND,
@@ -34,8 +34,9 @@ from fedsim.strategies.dpfedavg import (
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
 )
+from fedsim.round import flatten
 
-from .apps import load_for_run, model_arrays
+from .run_config import load_for_run, model_arrays
 
 
 def _client_id(data, context: Context) -> int:
@@ -120,10 +121,6 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
     @app.query("fedsim_identity")
     def identity(msg: Message, context: Context) -> Message:
         """Which training client this node holds (asked once by :class:`fedsim.flower.grid.ClientIdGrid`)."""
-        from flwr.app import ConfigRecord
-
-        from .grid import KEY_CLIENT_ID, KEY_PARTITION_ID
-
         _, data, _ = load_for_run(_config(context))
         cid = _client_id(data, context)
         rec = ConfigRecord({KEY_CLIENT_ID: cid, KEY_PARTITION_ID: int(context.node_config["partition-id"])})

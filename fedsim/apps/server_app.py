@@ -1,0 +1,117 @@
+"""The fedsim ServerApp: the scenario's strategy, on whatever Grid Flower gives it, through the one round loop.
+
+``flwr run .`` (Flower's Simulation Engine, or a real SuperLink with SuperNodes) starts it. It runs the same
+:func:`fedsim.loop.run_rounds` as ``fedsim run``, with the nodes as its engine
+(:class:`fedsim.flower.grid_engine.GridEngine`), so a deployed run writes the same run directory (on the
+server's disk) with the same per-round privacy columns. :class:`fedsim.engine.flower_engine.FlowerEngine` runs
+this code too, under Flower's Simulation Engine.
+
+Privacy in deployment:
+
+* every random quantity that protects clients (the cohort, the central noise, the count noise of adaptive
+  clipping, the agnostic loss noise) comes from the operating system's entropy: the scenario's ``seed`` is
+  never used for them, whatever ``privacy.randomness`` says, and the run's config records
+  ``privacy.randomness = "os-entropy"``;
+* by default only private quantities are logged and written: the noised releases, the certified epsilon, and
+  evaluation on data the server owns (the scenario's held-out clients, with ``server-eval = true``).
+  ``diagnostics = true`` adds the non-private diagnostics (exact counts, un-noised norm statistics,
+  training-client metrics), with a warning: epsilon does not cover them.
+
+Run-config keys: ``scenario``, ``overrides``, ``min-nodes`` (wait until that many SuperNodes are connected;
+default 1), ``population`` (a check: the number of clients sampled from; 0 = the connected nodes, which is what
+is accounted), ``server-eval``, ``diagnostics``, ``ledger-path`` (also write the ledger there), ``run-dir``
+(the run directory; default ``runs/<time>-<scenario>``). Nodes are addressed by the training client they hold
+(:class:`~fedsim.flower.grid.ClientIdGrid`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fedsim.experiment import Experiment, build_experiment
+from fedsim.flower.grid import ClientIdGrid
+from fedsim.flower.grid_engine import GridEngine
+from fedsim.loop import RunResult, run_rounds
+from fedsim.report.rundir import RunWriter, new_run_dir
+from fedsim.scenarios import scenario_to_toml
+
+from .run_config import load_for_run, model_record
+
+app = ServerApp()
+
+
+def _flag(run_config: dict[str, Any], key: str, default: bool) -> bool:
+    value = run_config.get(key, default)
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def run_on_grid(
+    grid: Grid,
+    exp: Experiment,
+    trainer: Any,
+    *,
+    min_nodes: int,
+    writer: RunWriter | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    diagnostics: bool = True,
+    server_eval: bool = True,
+    timings: dict[str, float] | None = None,
+    connect_timeout: float = 600.0,
+) -> RunResult:
+    """The round loop with Flower nodes as the engine; ``trainer`` evaluates on the server's data."""
+    ids_grid = ClientIdGrid(grid, min_nodes=min_nodes, connect_timeout=connect_timeout)
+    engine = GridEngine(ids_grid, exp.strategy, model_record(trainer, exp.initial_weights), evaluator=trainer.evaluate)
+    return run_rounds(exp, engine, writer=writer, on_row=on_row, diagnostics=diagnostics, server_eval=server_eval,
+                      available=engine.available, timings=timings)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = dict(context.run_config)
+    scenario, data, trainer = load_for_run(cfg)
+    if scenario.privacy.randomness != "os-entropy":
+        log(INFO, "deployment: privacy.randomness=%r replaced by 'os-entropy' (the seed never drives the "
+            "cohort or the noise of a deployed run)", scenario.privacy.randomness)
+    scenario = scenario.model_copy(deep=True)
+    scenario.privacy.randomness = "os-entropy"
+    exp = build_experiment(scenario, data)
+    strategy = exp.strategy
+    if strategy.seed is not None:  # never: build_strategy seeds only privacy.randomness = "seeded"
+        raise RuntimeError("a deployed strategy must draw from the operating system's entropy")
+    strategy.population = int(cfg.get("population", 0)) or None
+    diagnostics = _flag(cfg, "diagnostics", False)
+    strategy.diagnostics = diagnostics
+    if diagnostics:
+        log(WARNING, "diagnostics=true: exact cohort and reply counts, un-noised update-norm statistics and "
+            "training-client metrics will be logged and written; epsilon does NOT cover them")
+
+    writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
+    writer.write_text("config.toml", scenario_to_toml(scenario))
+    writer.write_json("data.json", data.describe())
+    log(INFO, "run directory (on the server): %s", writer.path)
+
+    def on_row(row: dict[str, Any]) -> None:
+        log(INFO, "round %d: certified epsilon %.4f (delta=%g)%s", row["round"], row["epsilon"], row["delta"],
+            f", held-out acc {row['heldout_accuracy']:.3f}" if row.get("heldout_accuracy") is not None else "")
+        if diagnostics:
+            log(INFO, "round %d [non-private diagnostics]: %s", row["round"],
+                {k: v for k, v in row.get("non_private", {}).items() if isinstance(v, int | float)})
+
+    try:
+        result = run_on_grid(grid, exp, trainer, min_nodes=max(1, int(cfg.get("min-nodes", 1))), writer=writer,
+                             on_row=on_row, diagnostics=diagnostics, server_eval=_flag(cfg, "server-eval", True))
+    finally:
+        if cfg.get("ledger-path", ""):
+            strategy.ledger.save(str(cfg["ledger-path"]))
+    if result.stopped_reason:
+        log(INFO, "%s", result.stopped_reason)
+    log(INFO, "certified epsilon after %d rounds: %.4f at delta=%g (%d releases in the ledger)",
+        strategy.ledger.rounds, strategy.epsilon(), strategy.delta, len(strategy.ledger))

@@ -1,0 +1,125 @@
+"""An experiment built from a scenario: the data, the training settings, the strategy and the starting model.
+
+Every way of running a scenario starts here: ``fedsim run`` with any engine, Flower's Simulation Engine, the
+deployed ServerApp and ClientApp. What differs between them is only where the cohort trains (the engine) and
+where the randomness comes from (``privacy.randomness``; a deployment always uses the operating system's).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedsim.data import build_federated_data
+from fedsim.scenarios import Scenario
+from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
+from fedsim.training.trainer import TrainSettings, initial_weights
+
+
+@dataclass
+class Experiment:
+    """What a run of ``scenario`` needs, built once: see :func:`build_experiment`."""
+
+    scenario: Scenario
+    data: Any
+    settings: TrainSettings
+    strategy: DPFedAvg
+    initial_weights: np.ndarray
+
+    @property
+    def train_ids(self) -> np.ndarray:
+        return np.asarray(self.data.train_clients)
+
+    @property
+    def heldout_ids(self) -> np.ndarray:
+        return np.asarray(self.data.heldout_clients)
+
+
+def build_data(scenario: Scenario) -> Any:
+    """The scenario's federated data (partitioned, domains, held-out clients)."""
+    d = scenario.data
+    options: dict[str, Any] = {}
+    if d.domains is not None:
+        options["domain_label_swaps"] = d.domain_label_swaps
+        if d.dataset != "synthetic":
+            options["domain_shift"] = d.domain_shift
+            options["domain_noise"] = d.domain_noise
+    if d.dataset == "mnist1d" and d.num_samples is not None:
+        options["num_samples"] = d.num_samples
+    if d.dataset == "synthetic":
+        options["synthetic_alpha"] = d.synthetic_alpha
+        options["synthetic_beta"] = d.synthetic_beta
+        options["synthetic_iid"] = d.synthetic_iid
+        options["synthetic_min_samples"] = d.synthetic_min_samples
+        options["synthetic_max_samples"] = d.synthetic_max_samples
+    if d.partitioner == "pathological":
+        options["num_classes_per_partition"] = d.classes_per_client
+    if d.partitioner == "shard":
+        options["num_shards_per_partition"] = d.shards_per_client
+    try:
+        return build_federated_data(
+            dataset=d.dataset,
+            num_clients=d.num_clients,
+            partitioner=d.partitioner,
+            alpha=d.alpha,
+            heldout_fraction=d.heldout_fraction,
+            seed=scenario.seed,
+            domains=d.domains,
+            **options,
+        )
+    except ValueError as exc:  # name the scenario's keys, not the data layer's
+        msg = str(exc)
+        for inner, outer in (("num_classes_per_partition", "data.classes_per_client"),
+                             ("num_shards_per_partition", "data.shards_per_client")):
+            msg = msg.replace(inner, outer)
+        raise ValueError(msg) from None
+
+
+def build_strategy(scenario: Scenario, population: int | None, data: Any = None) -> DPFedAvg:
+    """The scenario's strategy: :class:`DPFedAvg`, or :class:`DPAgnosticFedAvg` when ``agnostic.enabled``.
+
+    ``population``: a check on the number of clients sampled from (None: whatever is available each round).
+    The seed drives sampling and noise only with ``privacy.randomness = "seeded"``.
+    """
+    p, s, a = scenario.privacy, scenario.server, scenario.agnostic
+    adaptive = (
+        AdaptiveClipping(p.target_quantile, p.clip_lr, p.count_noise_multiplier) if p.adaptive_clip else None
+    )
+    cls: Any = DPFedAvg
+    extra: dict[str, Any] = {}
+    if a.enabled:
+        if data is None:
+            raise ValueError("agnostic.enabled needs the scenario's data (client domains)")
+        cls = DPAgnosticFedAvg
+        extra = dict(
+            client_domains=data.domain, num_domains=data.num_domains, lambda_lr=a.lambda_lr,
+            loss_noise_multiplier=a.loss_noise_multiplier, loss_bound=math.log(data.num_classes),
+        )
+    return cls(
+        sampling=p.sampling,
+        sampling_rate=p.sampling_rate,
+        clients_per_round=p.clients_per_round,
+        clip=p.clip,
+        noise_multiplier=p.noise_multiplier,
+        noise_placement=p.noise_placement,
+        adaptive_clipping=adaptive,
+        server_optimizer=ServerOptimizer(s.optimizer, lr=s.lr, momentum=s.momentum, beta2=s.beta2, eps=s.eps),
+        delta=p.delta,
+        accountant=p.accountant,
+        max_epsilon=p.max_epsilon,
+        seed=scenario.seed if p.randomness == "seeded" else None,  # None: OS entropy
+        population=population,
+        **extra,
+    )
+
+
+def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
+    """Data (built here unless given), settings, strategy (checked against the training clients) and the
+    initial model, a function of the seed only."""
+    data = build_data(scenario) if data is None else data
+    settings = TrainSettings.from_scenario(scenario)
+    strategy = build_strategy(scenario, None, data)
+    return Experiment(scenario, data, settings, strategy, initial_weights(settings, data.input_dim, data.num_classes))

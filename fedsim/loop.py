@@ -1,0 +1,170 @@
+"""The one round loop: every engine, Flower's Simulation Engine and a deployed ServerApp run their rounds here.
+
+One round (``shared/DESIGN.md``): the strategy samples the cohort and fixes the clip
+(:meth:`~fedsim.strategies.DPFedAvg.begin_round`); the engine trains and clips (:class:`Engine`); the strategy
+noises, averages, steps and records the releases in its ledger (:meth:`~fedsim.strategies.DPFedAvg.finish_round`);
+the certified epsilon, the paper bounds beside it and the generalization statement are computed; the global
+model is evaluated; one row is written. Rows, ``metrics.jsonl``, ``ledger.json`` and ``summary.json`` are the
+same whatever the engine.
+
+The certified epsilon of round t is computed in a background thread while round t+1 trains (the workers run in
+other processes or release the GIL); row t is written once it is known, before round t+1's release enters the
+ledger. With ``max_epsilon`` set, the budget check needs it first: no overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedsim.experiment import Experiment
+from fedsim.report.rows import (
+    NON_PRIVATE,
+    evaluation_columns,
+    merge_columns,
+    paper_bounds,
+    privacy_columns,
+    summary,
+)
+from fedsim.report.rundir import RunWriter
+from fedsim.round import PartialSum
+from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
+
+
+class Engine(Protocol):
+    """Where a round's cohort trains. Implemented by the in-process and Ray engines (:mod:`fedsim.engine`) and by
+    :class:`fedsim.flower.grid_engine.GridEngine` (Flower's Simulation Engine, or a real SuperLink)."""
+
+    name: str
+
+    def train(self, plan: RoundPlan, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
+        """Train ``plan.cohort`` from ``weights``: the sum of their clipped updates and per-client metrics."""
+        ...
+
+    def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per client: ``[client, num_examples, loss_sum, correct]``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunResult:
+    run_dir: Path | None
+    rows: list[dict[str, Any]]
+    weights: np.ndarray
+    strategy: DPFedAvg
+    stopped_reason: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run_rounds(
+    exp: Experiment,
+    engine: Engine,
+    *,
+    writer: RunWriter | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    diagnostics: bool = True,
+    server_eval: bool = True,
+    available: Callable[[int], Any] | None = None,
+    timings: dict[str, float] | None = None,
+) -> RunResult:
+    """Run ``exp.scenario.rounds`` rounds of ``exp.strategy`` on ``engine``; write rows, the ledger and the summary.
+
+    ``diagnostics``: also evaluate the training clients and keep the non-private diagnostics in the rows (on in
+    simulation; a deployment asks for them explicitly). ``server_eval``: evaluate the held-out clients.
+    ``available(t)``: the client ids round t samples from (default: the experiment's training clients).
+    The engine is not closed here.
+    """
+    t0 = time.perf_counter()
+    scenario, strategy, data = exp.scenario, exp.strategy, exp.data
+    train_ids, heldout_ids = exp.train_ids, exp.heldout_ids
+    population = int(train_ids.size)
+    delta, rounds = scenario.privacy.delta, scenario.rounds
+    bounds = paper_bounds(strategy, population, rounds, delta)
+    weights = exp.initial_weights
+    rows: list[dict[str, Any]] = []
+    timings = dict(timings or {})
+    stopped: str | None = None
+    accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
+    pending: tuple[dict[str, Any], Future] | None = None
+
+    def settle() -> None:
+        nonlocal pending
+        if pending is None:
+            return
+        row, future = pending
+        pending = None
+        row["epsilon"] = strategy.history[row.pop("round_index")]["epsilon"] = float(future.result())
+        fallback = getattr(strategy.ledger, "pld_fallback", None)
+        if row["accountant"] == "pld" and fallback:  # PLD would not fit in memory: a valid, looser RDP epsilon
+            row["accountant_used"] = "rdp"
+            row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
+        row.update(privacy_columns(row["round"], row["epsilon"], bounds, delta, population))
+        if not diagnostics:
+            row.pop(NON_PRIVATE, None)
+        rows.append(row)
+        if writer:
+            writer.append_row(row)
+        if on_row:
+            on_row(row)
+
+    t_rounds = time.perf_counter()
+    try:
+        for t in range(1, rounds + 1):
+            if scenario.privacy.max_epsilon is not None:
+                settle()
+            try:
+                plan = strategy.begin_round(t, train_ids if available is None else available(t))
+            except BudgetExhausted as exc:
+                stopped = str(exc)
+                break
+            t_round = time.perf_counter()
+            partial, client_metrics = engine.train(plan, weights)
+            settle()  # round t-1's epsilon, computed while this round trained
+            weights, m = strategy.finish_round(plan, weights, partial, account=False)
+            row: dict[str, Any] = {
+                **m,
+                "delta": delta,
+                "accountant": scenario.privacy.accountant,
+                "randomness": strategy.randomness,
+                "round_index": len(strategy.history) - 1,
+            }
+            # timings grow with the realised cohort: diagnostics, like the exact counts
+            diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
+            if client_metrics:
+                diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
+                # which implementation trained the cohort (loop, vectorized, native-cnn1d): the fused kernel
+                # and PyTorch agree to float rounding per round, not bit for bit
+                row["local_training"] = ",".join(sorted({str(c.get("trainer", "unknown")) for c in client_metrics}))
+            pending = (row, accountant.submit(strategy.epsilon))
+            if t % scenario.engine.eval_every == 0 or t == rounds:
+                held = engine.evaluate(heldout_ids, weights) if server_eval and heldout_ids.size else None
+                if diagnostics:
+                    merge_columns(row, evaluation_columns(data, engine.evaluate(train_ids, weights), held))
+                elif held is not None:  # held-out clients only: data the server owns, never trained on
+                    merge_columns(row, evaluation_columns(data, None, held))
+            diag["round_time_s"] = time.perf_counter() - t_round
+        settle()
+    finally:
+        if pending is not None:  # an error in round t+1 must not cost round t its row
+            try:
+                settle()
+            except Exception:  # noqa: BLE001 - the original error is the one to raise
+                pass
+        accountant.shutdown(wait=True)
+        timings["rounds_s"] = time.perf_counter() - t_rounds
+        timings["total_s"] = timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (
+            time.perf_counter() - t0)
+        result = RunResult(writer.path if writer else None, rows, weights, strategy, stopped, timings)
+        if writer:
+            writer.close()
+            writer.write_json("ledger.json", strategy.ledger.to_dict())
+            writer.write_json("summary.json", summary(scenario, rows, strategy, stopped, timings, population))
+    return result

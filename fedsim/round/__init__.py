@@ -1,0 +1,64 @@
+"""The private round's runtime operations: sampling, clipping, noise, partial sums.
+
+The one implementation of steps 1, 3 and 4 of a round (``shared/DESIGN.md``): every engine (the Ray engine, the
+in-process engine, Flower's Simulation Engine, a deployed SuperLink) goes through these functions; the
+strategies in :mod:`fedsim.strategies` decide *when* to call them, :mod:`fedsim.privacy` accounts what they
+release.
+
+Randomness (:mod:`fedsim.round.randomness`): every stream comes from its own generator seeded by
+``(seed, round, stream[, client])``, never from Python's or NumPy's global generators, so results do not depend
+on call order or worker count. With ``seed=None`` every value comes from the operating system's entropy
+(``os.urandom``): deployments use that.
+"""
+
+from .noise import NOISE_PLACEMENTS, GaussianNoiseSource, NoiseSource, gaussian_noise, noise_share_std, private_mean
+from .partial import PartialSum, bounded_value, clip_update, flatten, unflatten
+from .randomness import (
+    OS_ENTROPY,
+    RANDOMNESS,
+    SEEDED,
+    STREAM_CLIENT,
+    STREAM_COUNT_NOISE,
+    STREAM_EVALUATION,
+    STREAM_LOSS_NOISE,
+    STREAM_NOISE,
+    STREAM_NOISE_SHARE,
+    STREAM_SAMPLING,
+    OsEntropyGenerator,
+    make_rng,
+    randomness_kind,
+)
+from .sampling import SAMPLERS, SAMPLINGS, Sampler, id_array, make_sampler, sample_cohort
+
+__all__ = [
+    "NOISE_PLACEMENTS",
+    "OS_ENTROPY",
+    "RANDOMNESS",
+    "SAMPLERS",
+    "SAMPLINGS",
+    "SEEDED",
+    "STREAM_CLIENT",
+    "STREAM_COUNT_NOISE",
+    "STREAM_EVALUATION",
+    "STREAM_LOSS_NOISE",
+    "STREAM_NOISE",
+    "STREAM_NOISE_SHARE",
+    "STREAM_SAMPLING",
+    "GaussianNoiseSource",
+    "NoiseSource",
+    "OsEntropyGenerator",
+    "PartialSum",
+    "Sampler",
+    "bounded_value",
+    "clip_update",
+    "flatten",
+    "gaussian_noise",
+    "id_array",
+    "make_rng",
+    "make_sampler",
+    "noise_share_std",
+    "private_mean",
+    "randomness_kind",
+    "sample_cohort",
+    "unflatten",
+]

@@ -1,0 +1,99 @@
+"""Noise: where it comes from (a pluggable noise source) and how it joins the clipped sum.
+
+The Gaussian noise on the **sum** of clipped updates has std ``noise_multiplier * clip``; the aggregate is divided
+by the **expected** cohort size, never the realised count (the realised count is data-dependent and would leak).
+
+A :class:`NoiseSource` draws every noise a round releases from its own stream per purpose
+(:mod:`fedsim.round.randomness`). :class:`GaussianNoiseSource` is independent across rounds; a mechanism whose
+round-``t`` noise combines earlier draws (matrix-factorisation / correlated noise) is another source that keeps
+those draws in its :meth:`NoiseSource.state_dict`, so that a checkpoint can save and restore it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .partial import PartialSum
+from .randomness import make_rng, randomness_kind
+
+NOISE_PLACEMENTS = ("central", "distributed")
+
+
+@dataclass
+class NoiseSource:
+    """Independent Gaussian noise per round and purpose. ``seed=None``: the operating system's entropy."""
+
+    seed: int | None = None
+    name = "gaussian"
+
+    @property
+    def randomness(self) -> str:
+        return randomness_kind(self.seed)
+
+    def rng(self, round_: int, stream: int, *extra: int) -> Any:
+        return make_rng(self.seed, round_, stream, *extra)
+
+    def normal(self, round_: int, stream: int, std: float, size: int | None = None) -> Any:
+        """``N(0, std^2)`` draws (a float when ``size`` is None) for ``stream`` of round ``round_``."""
+        return self.rng(round_, stream).normal(0.0, std, size=size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"a {state.get('name')!r} noise source's state cannot be loaded into {self.name!r}")
+        self.seed = state.get("seed")
+
+
+GaussianNoiseSource = NoiseSource
+
+
+def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    return rng.normal(0.0, std, size=dim) if std > 0 else np.zeros(dim)
+
+
+def noise_share_std(noise_multiplier: float, clip: float, cohort_size: int) -> float:
+    """Distributed noise: the std each of ``cohort_size`` sampled clients adds so the shares sum to
+    ``N(0, (z*clip)^2)``. The server tops up the shares of clients that did not reply (see
+    :func:`private_mean`), so the total never falls below the accounted noise."""
+    return noise_multiplier * clip / math.sqrt(cohort_size) if cohort_size > 0 else 0.0
+
+
+def private_mean(
+    partial: PartialSum,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    expected_cohort: float,
+    rng: np.random.Generator,
+    noise_placement: str = "central",
+    cohort_size: int = 0,
+) -> tuple[np.ndarray, float]:
+    """``(sum of clipped updates + N(0, (z*clip)^2 I)) / expected_cohort``.
+
+    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each of the
+    ``cohort_size`` sampled clients already added a share of variance ``(z*clip)^2/cohort_size``; the server
+    adds the missing shares of the clients whose reply did not arrive or was rejected (and all of it for an
+    empty cohort), so the total noise variance is ``(z*clip)^2`` in every case.
+    """
+    if expected_cohort <= 0:
+        raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
+    full_var = (noise_multiplier * clip) ** 2
+    if noise_placement == "central":
+        server_var = full_var
+    elif noise_placement == "distributed":
+        if cohort_size <= 0:
+            server_var = full_var
+        else:
+            missing = max(cohort_size - partial.noise_shares, 0)
+            server_var = full_var * missing / cohort_size
+    else:
+        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}")
+    std = math.sqrt(server_var)
+    noised = partial.total + gaussian_noise(partial.dim, std, rng)
+    return noised / expected_cohort, std

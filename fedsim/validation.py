@@ -1,0 +1,107 @@
+"""The rules for the parameters of a private round, in one place, and the error that names what was wrong.
+
+The scenario schema, :class:`fedsim.privacy.Mechanism`, the strategies and the samplers all call these
+functions, so the same bad value gives the same message wherever it enters: the field, the value received and
+what is allowed. This module imports nothing of fedsim's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class PrivacyInputError(ValueError):
+    """Invalid input to a private round or to the accountant.
+
+    The message always names the field (or command-line option), the value received and what is allowed, so
+    that it can be shown to a user as a one-line error.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def positive_finite(name: str, value: Any) -> float:
+    """``value`` as a float > 0 and finite."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyInputError(name, value, "must be a positive finite number") from None
+    if isinstance(value, bool) or not math.isfinite(v) or v <= 0:
+        raise PrivacyInputError(name, value, "must be a positive finite number")
+    return v
+
+
+def one_of(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise PrivacyInputError(name, value, f"must be one of {', '.join(allowed)}")
+    return value
+
+
+def open_unit(name: str, value: Any) -> float:
+    """A probability in (0, 1), such as delta."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyInputError(name, value, "must be a number in (0, 1)") from None
+    if isinstance(value, bool) or not (0.0 < v < 1.0):
+        raise PrivacyInputError(name, value, "must be in (0, 1)")
+    return v
+
+
+def cohort(
+    sampling: str, sampling_rate: Any = None, clients_per_round: Any = None, population: int | None = None
+) -> tuple[float | None, int | None]:
+    """Check how a round's cohort is described; returns ``(sampling_rate, clients_per_round)`` normalised.
+
+    ``poisson`` takes exactly one of the rate ``q`` and the expected cohort ``q * population``; ``fixed`` takes
+    the cohort size (or a rate whose product with the population is a whole number); ``all`` takes neither (or
+    values that mean everyone). Checks that need the population are made when it is given.
+    """
+    rate, cpr = sampling_rate, clients_per_round
+    if rate is not None:
+        try:
+            rate_f = float(rate)
+        except (TypeError, ValueError):
+            raise PrivacyInputError("sampling_rate", rate, "must be a number in (0, 1]") from None
+        if isinstance(rate, bool) or not math.isfinite(rate_f) or not (0.0 < rate_f <= 1.0):
+            raise PrivacyInputError("sampling_rate", rate, "must be in (0, 1]")
+        rate = rate_f
+    if cpr is not None:
+        if isinstance(cpr, float) and cpr.is_integer():
+            cpr = int(cpr)
+        upper = "" if population is None else f", population={population}"
+        if not is_int(cpr) or cpr < 1 or (population is not None and cpr > population):
+            raise PrivacyInputError("clients_per_round", clients_per_round, f"must be an integer in [1{upper}]")
+    if sampling in ("poisson", "fixed"):
+        if (rate is None) == (cpr is None):
+            raise PrivacyInputError(
+                "sampling_rate/clients_per_round", (sampling_rate, clients_per_round),
+                f"give exactly one of the two for sampling={sampling!r}",
+            )
+        if sampling == "fixed" and rate is not None and population is not None:
+            tau = rate * population
+            if abs(tau - round(tau)) > 1e-9 * max(1.0, tau) or round(tau) < 1:
+                raise PrivacyInputError(
+                    "sampling_rate", sampling_rate,
+                    f"for fixed-size sampling rate*population must be a whole number of clients >= 1 (got {tau:g}); "
+                    "give clients_per_round instead",
+                )
+    elif sampling == "all":
+        if rate is not None and rate != 1.0:
+            raise PrivacyInputError("sampling_rate", sampling_rate, "must be omitted (or 1) for sampling='all'")
+        if cpr is not None and population is not None and cpr != population:
+            raise PrivacyInputError(
+                "clients_per_round", cpr, f"must be omitted (or equal population={population}) for sampling='all'"
+            )
+        if cpr is not None and population is None:
+            raise PrivacyInputError("clients_per_round", cpr, "must be omitted for sampling='all'")
+    return rate, cpr
