@@ -10,10 +10,12 @@ Bad input exits with code 2 and a one-line (or one-block) message naming what wa
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 from fedsim.env import set_offline_defaults
+from fedsim.report.privacy import add_parser as add_privacy
 
 EXIT_USAGE = 2
 
@@ -21,6 +23,10 @@ EXIT_USAGE = 2
 def _fail(message: str) -> int:
     print(f"fedsim: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+# Each command imports what it needs when it runs: torch, Ray and Flower are heavy, and `fedsim --help` or a
+# bad argument must answer at once.
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
@@ -99,8 +105,6 @@ def _print_summary(console: Any, result: Any) -> None:
         "certificate)"
     )
     if result.run_dir:
-        import json
-
         audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
         for method, verdict in audit.get("verdicts", {}).items():
             console.print(f"audit {method}: {verdict}")
@@ -128,12 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scenarios", help="list the shipped scenarios")
     sc.set_defaults(func=cmd_scenarios)
 
-    try:
-        from fedsim.report.privacy import add_parser as add_privacy
-    except ImportError:  # pragma: no cover - the accountant's CLI is part of the package
-        pass
-    else:
-        add_privacy(sub)
+    add_privacy(sub)
     return parser
 
 

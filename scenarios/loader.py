@@ -108,6 +108,6 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
 
 
 def scenario_to_toml(scenario: Scenario) -> str:
-    import tomli_w
+    import tomli_w  # only when writing a scenario
 
     return tomli_w.dumps(scenario.model_dump(mode="json", exclude_none=True))

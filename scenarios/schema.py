@@ -2,6 +2,10 @@
 
 A scenario is a TOML file whose top-level keys and tables mirror :class:`Scenario`. Unknown keys are
 rejected (a typo must never silently fall back to a default, least of all a privacy parameter).
+
+The choices are those of the registries that implement them (datasets, partitioners, models, samplers, noise
+placements, the certified accountants, server optimizers), and the rules for a round's parameters are
+:mod:`fedsim.validation`'s, the same the library API applies.
 """
 
 from __future__ import annotations
@@ -10,15 +14,33 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fedsim.data import DATASETS, PARTITIONERS
+from fedsim.models import MODELS
+from fedsim.privacy.accountants import CERTIFIED
+from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLINGS
+from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
+from fedsim.validation import cohort
+
+Dataset = Literal[DATASETS]  # type: ignore[valid-type]
+Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
+ModelName = Literal[MODELS]  # type: ignore[valid-type]
+Sampling = Literal[SAMPLINGS]  # type: ignore[valid-type]
+NoisePlacement = Literal[NOISE_PLACEMENTS]  # type: ignore[valid-type]
+CertifiedAccountant = Literal[tuple(sorted(CERTIFIED))]  # type: ignore[valid-type]
+Randomness = Literal[RANDOMNESS]  # type: ignore[valid-type]
+ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
+#: fedsim.engine.runner.ENGINES (a test keeps the two equal: the engines sit above this package)
+EngineName = Literal["ray", "flower", "local"]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DataConfig(_Section):
-    dataset: Literal["digits", "mnist1d", "synthetic"] = "digits"
+    dataset: Dataset = "digits"
     num_clients: int = Field(100, ge=2, description="clients in the population, held-out ones included")
-    partitioner: Literal["iid", "dirichlet", "pathological", "shard"] = "dirichlet"
+    partitioner: Partitioner = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
     classes_per_client: int = Field(2, ge=1, description="pathological partitioner: labels per client")
     shards_per_client: int = Field(2, ge=1, description="shard partitioner: shards per client")
@@ -40,7 +62,7 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: Literal["mlp", "logreg", "cnn1d"] = "mlp"
+    name: ModelName = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [100])
 
 
@@ -53,17 +75,17 @@ class ClientConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    sampling: Literal["poisson", "fixed", "all"] = "poisson"
+    sampling: Sampling = "poisson"
     sampling_rate: float | None = Field(None, gt=0, le=1, description="poisson: inclusion probability q")
     clients_per_round: int | None = Field(
         None, ge=1, description="fixed: cohort size; poisson: expected cohort size (q = this / population)"
     )
     clip: float = Field(1.0, gt=0)
     noise_multiplier: float = Field(1.0, gt=0, description="noise std on the sum = noise_multiplier * clip")
-    noise_placement: Literal["central", "distributed"] = "central"
+    noise_placement: NoisePlacement = "central"
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: Literal["pld", "rdp"] = "pld"
-    randomness: Literal["seeded", "os-entropy"] = Field(
+    accountant: CertifiedAccountant = "pld"
+    randomness: Randomness = Field(
         "seeded",
         description="where the cohort and the noise come from: 'seeded' (from seed: reproducible simulation) or "
         "'os-entropy' (the operating system; what a deployment always uses)",
@@ -78,23 +100,13 @@ class PrivacyConfig(_Section):
 
     @model_validator(mode="after")
     def _cohort(self) -> PrivacyConfig:
-        if self.sampling == "all" and (self.sampling_rate is not None or self.clients_per_round is not None):
-            raise ValueError("privacy.sampling='all' takes neither sampling_rate nor clients_per_round")
-        if self.sampling == "fixed" and self.clients_per_round is None:
-            raise ValueError("privacy.sampling='fixed' needs privacy.clients_per_round (an integer >= 1)")
-        if self.sampling == "fixed" and self.sampling_rate is not None:
-            raise ValueError("privacy.sampling='fixed' takes clients_per_round, not sampling_rate")
-        if self.sampling == "poisson":
-            if (self.sampling_rate is None) == (self.clients_per_round is None):
-                raise ValueError(
-                    "privacy.sampling='poisson' needs exactly one of sampling_rate (in (0, 1]) or "
-                    "clients_per_round (expected cohort size)"
-                )
+        # the library's rule (fedsim.validation.cohort), so a scenario and the API refuse the same values
+        cohort(self.sampling, self.sampling_rate, self.clients_per_round)
         return self
 
 
 class ServerConfig(_Section):
-    optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    optimizer: ServerOptimizerName = "sgd"
     lr: float = Field(1.0, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.99, gt=0, lt=1)
@@ -108,7 +120,7 @@ class AgnosticConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: Literal["ray", "flower", "local"] = "ray"
+    name: EngineName = "ray"
     num_workers: int = Field(2, ge=1)
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)

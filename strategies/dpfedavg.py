@@ -215,13 +215,11 @@ class DPFedAvg(Strategy):
     def mechanism(self, population: int, clip: float | None = None) -> Mechanism:
         """The round's mechanism over ``population`` clients (``clip``: the clip applied this round)."""
         kwargs: dict[str, Any] = {}
-        if self.sampling == "poisson":
+        if self.sampling != "all":  # exactly one of the two was given (checked at construction)
             if self.sampling_rate is not None:
                 kwargs["sampling_rate"] = self.sampling_rate
             else:
                 kwargs["clients_per_round"] = self.clients_per_round
-        elif self.sampling == "fixed":
-            kwargs["clients_per_round"] = self.clients_per_round
         return Mechanism(
             population=int(population),
             sampling=self.sampling,

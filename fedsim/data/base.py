@@ -6,6 +6,7 @@ federations from the same base data (a sweep, a Ray worker) generates the data o
 
 from __future__ import annotations
 
+from urllib.parse import urlparse
 import contextlib
 import functools
 import os
@@ -42,7 +43,7 @@ class ArrayDataset:
 @functools.lru_cache(maxsize=2)
 def load_digits_arrays() -> ArrayDataset:
     """scikit-learn's 8x8 digits (ships inside the wheel): 1797 x 64 float32 in [0, 1], 10 classes."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # an optional, heavy dependency: loaded for the dataset that needs it
 
     bunch = load_digits()
     x = np.ascontiguousarray(bunch.data, dtype=np.float32) / np.float32(16.0)
@@ -61,7 +62,7 @@ def make_mnist1d_arrays(num_samples: int = MNIST1D_DEFAULT_SAMPLES) -> ArrayData
     Python's global generators; their states are restored afterwards so callers are unaffected.
     """
     num_samples = check_int("num_samples", num_samples, minimum=10)
-    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.data import get_dataset_args, make_dataset  # an optional, heavy dependency: loaded for the dataset that needs it
 
     args = get_dataset_args()
     args.num_samples = num_samples
@@ -96,7 +97,7 @@ def load_hub_arrays(
     float32. Without a network, or with ``HF_HUB_OFFLINE=1``, a dataset missing from the local cache
     raises a ``ValueError`` that says so.
     """
-    import datasets
+    import datasets  # an optional, heavy dependency: loaded for the dataset that needs it
 
     name = f"{HUB_PREFIX}{repo}"
     try:
@@ -151,9 +152,7 @@ def load_hub_arrays(
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hub's host answers a TCP connection (False at once in offline mode)."""
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # an optional, heavy dependency: loaded for the dataset that needs it
 
     if constants.HF_HUB_OFFLINE:
         return False
@@ -168,7 +167,7 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 @contextlib.contextmanager
 def _offline_mode() -> Iterator[None]:
     """Hugging Face offline mode for one call (the libraries read their flags at import time)."""
-    import datasets.config
+    import datasets.config  # an optional, heavy dependency: loaded for the dataset that needs it
     from huggingface_hub import constants
 
     saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE

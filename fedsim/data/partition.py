@@ -140,7 +140,7 @@ def partition_rows(
             seed=seed,
         )
 
-    from datasets import Dataset
+    from datasets import Dataset  # Hugging Face datasets: heavy, loaded when partitioning
 
     order = np.random.default_rng([seed, 0x9A27]).permutation(num_rows)
     table = Dataset.from_dict({"label": labels[order], "row": order.astype(np.int64)})

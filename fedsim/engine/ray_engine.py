@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedsim.round import PartialSum
 
@@ -47,8 +49,7 @@ class _Worker:
     """The Ray actor: one ClientTrainer per actor, on the GPU Ray gave it (if any)."""
 
     def __init__(self, data: Any, settings: TrainSettings, num_threads: int) -> None:
-        import ray
-        import torch
+        import ray  # Ray is imported by the Ray engine only: the local engine and the apps never load it
 
         torch.set_num_threads(max(1, num_threads))
         # CUDA only when Ray assigned this actor a GPU (Ray then sets CUDA_VISIBLE_DEVICES for it)
@@ -56,7 +57,7 @@ class _Worker:
         self.trainer = ClientTrainer(data, settings, device=device)
 
     def info(self) -> dict[str, Any]:
-        import ray
+        import ray  # as above
 
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "device": str(self.trainer.device), "pid": os.getpid()}
@@ -64,7 +65,7 @@ class _Worker:
     def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float,
               client_weights: dict[int, float] | None = None, loss_bound: float | None = None,
               noise_seed: int | None = None, count_share_std: float = 0.0):
-        import ray
+        import ray  # as above
 
         partial, metrics = self.trainer.train(
             server_round, client_ids, weights, clip, share, client_weights, loss_bound,
@@ -101,9 +102,7 @@ class RayEngine:
         num_gpus: float = 0.0,
         address: str | None = None,
     ) -> None:
-        import warnings
-
-        import ray
+        import ray  # as above
 
         # Ray 2.55 announces a future change of its GPU-hiding default on every init; fedsim relies on the
         # current behaviour (CPU-only actors see no GPU) and says so here instead of on every run.
@@ -141,7 +140,7 @@ class RayEngine:
         return balance(np.asarray(client_ids), sizes, self.num_workers)
 
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
-        import ray
+        import ray  # as above
 
         w32 = np.asarray(weights, dtype=np.float32)
         futures = [
@@ -161,7 +160,7 @@ class RayEngine:
         return total, metrics
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        import ray
+        import ray  # as above
 
         w32 = np.asarray(weights, dtype=np.float32)
         futures = [
@@ -173,7 +172,7 @@ class RayEngine:
         return np.concatenate(rows) if rows else np.zeros((0, 4))
 
     def close(self) -> None:
-        import ray
+        import ray  # as above
 
         for w in self.workers:
             ray.kill(w)

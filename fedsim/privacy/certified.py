@@ -26,18 +26,20 @@ default 1e-4 grid, which is 10-20x slower). Both are parameters.
 from __future__ import annotations
 
 import functools
+import logging
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from .errors import PrivacyInputError
+from .fast_pld import FastPld
 from .mechanism import Mechanism
 
 __all__ = [
     "DEFAULT_PLD_DISCRETIZATION",
     "round_pld",
-    "round_rdp",
-    "rdp_orders",
     "rdp_epsilon",
     "pld_checkpoints",
     "pld_curve",
@@ -46,12 +48,6 @@ __all__ = [
 ]
 
 DEFAULT_PLD_DISCRETIZATION = 1e-3
-
-
-def rdp_orders() -> np.ndarray:
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
-
-    return np.asarray(rdp.DEFAULT_RDP_ORDERS, dtype=float)
 
 
 def ledger_relation(mechanisms) -> str:
@@ -75,6 +71,7 @@ def _pld_params(m: Mechanism, relation: str) -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _pld_cached(std: float, q: float, relation: str, discretization: float):
+    # dp-accounting is loaded on first accounting, not when fedsim is imported (Ray workers, ClientApps)
     from dp_accounting import privacy_accountant
     from dp_accounting.pld import privacy_loss_distribution as pldlib
 
@@ -93,6 +90,10 @@ def round_pld(m: Mechanism, relation: str | None = None, discretization: float =
     relation = relation or m.neighbouring
     std, q, rel = _pld_params(m, relation)
     return _pld_cached(float(std), float(q), rel, float(discretization))
+
+
+class PldTooLarge(Exception):
+    """A PLD composition would need more memory than is reasonable (:data:`MAX_PLD_POINTS`)."""
 
 
 #: the most points a composed PLD may hold before the ledger answers with RDP instead (about 40 MB a float64
@@ -118,93 +119,69 @@ def round_fast_pld(m: Mechanism, relation: str | None = None, discretization: fl
 
 @functools.lru_cache(maxsize=256)
 def _fast_pld_cached(std: float, q: float, relation: str, discretization: float):
-    from .fast_pld import FastPld
-
     return FastPld.from_dp_accounting(_pld_cached(std, q, relation, discretization))
 
 
-@functools.lru_cache(maxsize=256)
-def _rdp_cached(kind: str, std: float, q: float, population: int, tau: int) -> np.ndarray:
-    from dp_accounting import dp_event, privacy_accountant
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+def _relation(relation: str):
+    from dp_accounting import privacy_accountant  # dp-accounting's modules, loaded on first use
 
-    import logging
+    return {"add-remove": privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE,
+            "replace-one": privacy_accountant.NeighboringRelation.REPLACE_ONE}[relation]
 
-    g = dp_event.GaussianDpEvent(std)
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_accountant_epsilon(events: tuple[tuple[Any, int], ...], relation: str, delta: float) -> float:
+    """dp-accounting's ``RdpAccountant`` composing each event ``count`` times, at ``delta`` (public API only)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp  # as above
+
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # dp-accounting warns when it drops an order that did not converge
     try:
-        return _rdp_compute(kind, g, q, population, tau, dp_event, privacy_accountant, rdp)
+        acc = rdp.RdpAccountant(neighboring_relation=_relation(relation))
+        for event, count in events:
+            acc.compose(event, int(count))
+        return float(acc.get_epsilon(delta))
     finally:
         absl_logger.setLevel(level)
 
 
-def _rdp_compute(kind, g, q, population, tau, dp_event, privacy_accountant, rdp) -> np.ndarray:
-    if kind == "poisson":
-        acc = rdp.RdpAccountant(neighboring_relation=privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        acc.compose(dp_event.PoissonSampledDpEvent(q, g))
-    elif kind == "fixed":
-        acc = rdp.RdpAccountant(neighboring_relation=privacy_accountant.NeighboringRelation.REPLACE_ONE)
-        acc.compose(dp_event.SampledWithoutReplacementDpEvent(population, tau, g))
-    else:
-        acc = rdp.RdpAccountant()
-        acc.compose(g)
-    out = np.array(acc._rdp, dtype=float)  # the accountant's RDP vector over DEFAULT_RDP_ORDERS
-    out.setflags(write=False)
-    return out
+def rdp_epsilon(rounds: Iterable[Iterable[Mechanism]], relation: str, delta: float) -> float:
+    """Epsilon at ``delta`` of ``rounds`` (each an iterable of mechanisms) by dp-accounting's RDP accountant under
+    ``relation``: every mechanism's event from :meth:`Mechanism.to_dp_event`, identical events composed as one
+    event with a count (RDP composition is additive, so this is exact)."""
+    counts: dict[Any, int] = {}
+    for events in rounds:
+        for m in events:
+            e = m.to_dp_event(relation)
+            counts[e] = counts.get(e, 0) + 1
+    return _rdp_accountant_epsilon(tuple(counts.items()), relation, float(delta))
 
 
-def round_rdp(m: Mechanism, relation: str | None = None) -> np.ndarray:
-    """RDP of ONE round of ``m`` at :func:`rdp_orders` (dp-accounting, cached)."""
-    relation = relation or m.neighbouring
-    if relation != m.neighbouring and m.sampling == "poisson":
-        raise PrivacyInputError(
-            "method",
-            "rdp",
-            "dp-accounting's RDP cannot account a Poisson round under replace-one (a ledger mixing fixed-size "
-            "and Poisson rounds); use method='pld'",
-        )
-    if m.sampling == "all" and relation == "replace-one":
-        return _rdp_cached("all", m.noise_std / m.replace_sensitivity, 1.0, m.population, m.population)
-    if m.sampling == "fixed":
-        return _rdp_cached("fixed", m.normalized_noise, m.q, m.population, int(m.tau))
-    if m.sampling == "all":
-        return _rdp_cached("all", m.normalized_noise, 1.0, m.population, m.population)
-    return _rdp_cached("poisson", m.normalized_noise, m.q, m.population, 0)
+def rdp_curve(
+    m: Mechanism, rounds: int, delta: float, checkpoint_ratio: float = 1.1, dense: int = 10, extra: Iterable[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """Epsilon after every round and a boolean mask of the rounds computed exactly. As :func:`pld_curve`: exact at
+    checkpoints, the next checkpoint's epsilon in between (an upper bound); each checkpoint is one dp-accounting
+    RDP accountant composing the round's event with a count."""
+    event, relation = m.to_dp_event(), m.neighbouring
+    cps = pld_checkpoints(rounds, dense, checkpoint_ratio, extra)
+    eps_cp = np.maximum.accumulate([_rdp_accountant_epsilon(((event, int(t)),), relation, float(delta)) for t in cps])
+    idx = np.searchsorted(cps, np.arange(1, rounds + 1), side="left")
+    exact = np.zeros(rounds, dtype=bool)
+    exact[cps - 1] = True
+    return eps_cp[idx], exact
 
 
-def rdp_epsilon(rdp_values: np.ndarray, delta: float) -> np.ndarray:
-    """dp-accounting's ``compute_epsilon`` vectorised over rows of ``rdp_values`` (shape (..., orders)).
-
-    Same bound (Proposition 12 of arXiv:2004.00010 with the KL shortcut), same orders, same branches.
-    """
-    orders = rdp_orders()
-    r = np.asarray(rdp_values, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        eps = r + np.log1p(-1.0 / orders) - np.log(delta * orders) / (orders - 1.0)
-        eps = np.where(orders > 1.01, eps, np.inf)
-        eps = np.where(delta ** 2 + np.expm1(-r) > 0, 0.0, eps)
-        eps = np.where(r < 0, 0.0, eps)
-        eps = np.where(np.isnan(r), np.inf, eps)
-    return np.maximum(0.0, eps.min(axis=-1))
-
-
-def rdp_curve(m: Mechanism, rounds: int, delta: float) -> np.ndarray:
-    """Epsilon after every round t = 1..rounds (exact RDP conversion at every round)."""
-    per = round_rdp(m)
-    t = np.arange(1, rounds + 1, dtype=float)[:, None]
-    return rdp_epsilon(t * per[None, :], delta)
-
-
-def pld_checkpoints(rounds: int, dense: int = 50, ratio: float = 1.03) -> np.ndarray:
-    """Rounds at which the PLD curve is exact: every round up to ``dense``, then geometric, and the last."""
+def pld_checkpoints(rounds: int, dense: int = 50, ratio: float = 1.03, extra: Iterable[int] = ()) -> np.ndarray:
+    """Rounds at which a curve is exact: every round up to ``dense``, then geometric, the last, and ``extra``."""
     pts = list(range(1, min(rounds, dense) + 1))
     t = pts[-1] if pts else 0
     while t < rounds:
         t = min(rounds, max(t + 1, int(math.ceil(t * ratio))))
         pts.append(t)
-    return np.asarray(pts, dtype=int)
+    pts += [int(e) for e in extra if 1 <= int(e) <= rounds]
+    return np.unique(np.asarray(pts, dtype=int))
 
 
 def pld_curve(
@@ -215,6 +192,7 @@ def pld_curve(
     checkpoint_ratio: float = 1.03,
     dense: int = 50,
     exact_every_round: bool = False,
+    extra: Iterable[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Epsilon after every round and a boolean mask of the rounds computed exactly.
 
@@ -226,7 +204,7 @@ def pld_curve(
     single = round_pld(m, discretization=discretization)
     if exact_every_round:
         dense = rounds
-    cps = pld_checkpoints(rounds, dense, checkpoint_ratio)
+    cps = pld_checkpoints(rounds, dense, checkpoint_ratio, extra)
     eps_cp = np.empty(len(cps))
     acc = None
     for i, t in enumerate(cps):

@@ -21,15 +21,13 @@ from typing import Iterable
 import numpy as np
 
 from . import certified
-from .accountants import compute_curve, per_step_epsilon, validate_delta, validate_method
+from .accountants import ACCOUNTANTS, compute_curve, validate_delta, validate_method
 from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 
 __all__ = ["Ledger", "Release"]
 
 
-class _PldTooLarge(Exception):
-    """A PLD composition would need more memory than is reasonable (see certified.MAX_PLD_POINTS)."""
 
 LEDGER_FORMAT = "fedsim.privacy.ledger/1"
 
@@ -166,12 +164,11 @@ class Ledger:
             return 0.0
         all_mechs = [m for events in rounds for m in events]
         relation = certified.ledger_relation(all_mechs)
-        if method == "pld":
+        acc = ACCOUNTANTS[method]
+        if acc.of_ledger is not None:
             try:
-                eps = self._pld_epsilon(rounds, relation, delta, cache)
-                self.pld_fallback = None  # describes the last pld query only
-                return eps
-            except _PldTooLarge as exc:
+                eps = float(acc.of_ledger(rounds, relation, delta, self, cache))
+            except certified.PldTooLarge as exc:
                 # Instead of exhausting memory: RDP is also a valid upper bound on the true epsilon, usually a
                 # looser one than PLD's, so the run over-reports rather than under-reports.
                 if not self._pld_fallback_warned:
@@ -179,18 +176,9 @@ class Ledger:
                                   "(a valid, looser upper bound)", RuntimeWarning, stacklevel=3)
                     self._pld_fallback_warned = True
                 self.pld_fallback = str(exc)
-                method = "rdp"
-        if method == "rdp":
-            total = np.zeros_like(certified.rdp_orders())
-            for events in rounds:
-                for m in events:
-                    total = total + certified.round_rdp(m, relation)
-            return float(certified.rdp_epsilon(total[None, :], delta)[0])
-        if method == "basic":
-            n_events = len(all_mechs)
-            eps = 0.0
-            for m in all_mechs:
-                eps += float(per_step_epsilon(m, delta / n_events))
+                return float(ACCOUNTANTS["rdp"].of_ledger(rounds, relation, delta, self, cache))
+            if acc.name == "pld":
+                self.pld_fallback = None  # describes the last pld query only
             return eps
         # the remaining closed forms need a homogeneous ledger: one identical event per round
         first = rounds[0]
@@ -202,7 +190,7 @@ class Ledger:
         curve = compute_curve(first[0], len(rounds), delta, method)
         return float(curve.epsilon[-1])
 
-    def _pld_epsilon(self, rounds, relation: str, delta: float, cache: bool) -> float:
+    def pld_epsilon(self, rounds, relation: str, delta: float, cache: bool = True) -> float:
         """Compose the rounds' PLDs (:mod:`fedsim.privacy.fast_pld`, the arithmetic of dp-accounting's
         ``compose`` and ``get_epsilon_for_delta`` vectorised) and read epsilon off the result.
 
@@ -226,7 +214,7 @@ class Ledger:
             for m in events:
                 points = certified.estimated_pld_points(m, relation, vdi)
                 if points > limit:
-                    raise _PldTooLarge(f"one round of noise multiplier {m.noise_multiplier:g} needs about "
+                    raise certified.PldTooLarge(f"one round of noise multiplier {m.noise_multiplier:g} needs about "
                                        f"{points:.3g} PLD points")
 
         def compose(acc, m: Mechanism, n_rounds: int):
@@ -234,7 +222,7 @@ class Ledger:
             if acc is None:
                 return p
             if acc.size + p.size > limit:
-                raise _PldTooLarge(f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points")
+                raise certified.PldTooLarge(f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points")
             return acc.compose(p)
 
         for i in range(n0, len(complete)):

@@ -141,19 +141,29 @@ class Mechanism:
         return (self.sampling, self.population, round(self.q, 15), self.neighbouring)
 
     # ------------------------------------------------------------------ conversions
-    def to_dp_event(self):
-        """The dp-accounting event of ONE round.
+    def to_dp_event(self, relation: str | None = None):
+        """The dp-accounting event of ONE round, under ``relation`` (default: :attr:`neighbouring`).
 
         * poisson: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add/remove, sensitivity clip);
         * fixed: ``SampledWithoutReplacementDpEvent(population, tau, GaussianDpEvent(z*clip/D))``
           (replace-one; dp-accounting's noise multiplier is relative to the replace-one sensitivity
           ``D = 2*clip``: with ``tau = population`` it is the Gaussian mechanism with sensitivity
           ``2*clip``, which the test suite checks against the exact Gaussian);
-        * all: ``GaussianDpEvent(z)``.
-        """
-        from dp_accounting import dp_event
+        * all: ``GaussianDpEvent(z)``; under replace-one (a ledger that also holds fixed-size rounds)
+          ``GaussianDpEvent(z*clip/D)``, the Gaussian with the replace-one sensitivity.
 
-        g = dp_event.GaussianDpEvent(self.normalized_noise)
+        A Poisson round has no dp-accounting event under replace-one: :class:`PrivacyInputError`.
+        """
+        from dp_accounting import dp_event  # dp-accounting is loaded on first accounting, not at import
+
+        relation = relation or self.neighbouring
+        if relation == "replace-one" and self.sampling == "poisson":
+            raise PrivacyInputError(
+                "relation", relation, "a Poisson round has no dp-accounting event under replace-one (a ledger "
+                "mixing fixed-size and Poisson rounds): account it with method='pld'",
+            )
+        sensitivity = self.replace_sensitivity if relation == "replace-one" else self.clip
+        g = dp_event.GaussianDpEvent(self.noise_std / sensitivity)
         if self.sampling == "poisson":
             return dp_event.PoissonSampledDpEvent(self.q, g)
         if self.sampling == "fixed":

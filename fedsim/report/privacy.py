@@ -19,6 +19,9 @@ import sys
 
 import numpy as np
 
+from fedsim.privacy.paper.audit import audit_closed_forms
+from fedsim.privacy.paper.calibration import calibrate_noise
+from fedsim.privacy.paper.generalization import statement_curve
 from fedsim.privacy.accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import SAMPLINGS, Mechanism
@@ -106,10 +109,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fedsim.privacy.paper.audit import audit_closed_forms
-    from fedsim.privacy.paper.calibration import calibrate_noise
-    from fedsim.privacy.paper.generalization import statement_curve
-
     methods = list(dict.fromkeys(args.methods))
     for m in methods:
         if m not in ACCOUNTANTS:
@@ -141,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
                 cert = [calibrate_noise(mech, args.target_epsilon, delta, T, "pld")]
             mech = mech.replace(noise_multiplier=min(c for c in cert if c is not None))
 
-    curves = {m: compute_curve(mech, T, delta, m) for m in methods}
+    shown = tuple(_checkpoints(T))  # the rounds the table prints: exact there
+    curves = {m: compute_curve(mech, T, delta, m, exact_at=shown) for m in methods}
     cert_method = next((m for m in ("pld", "rdp", "kairouz", "igmm-corrected", "basic") if m in curves), "pld")
     cert_curve = curves[cert_method] if cert_method in curves else compute_curve(mech, T, delta, cert_method)
     gen = {v: statement_curve(cert_curve.epsilon, delta, mech.population, v) for v in ("uai", "arxiv")}

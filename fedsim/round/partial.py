@@ -38,7 +38,7 @@ def clip_update(update: Any, clip: float) -> tuple[Any, float, bool]:
     the caller must count it and must not let it reach the model.
     """
     if _is_torch(update):
-        import torch
+        import torch  # torch only for tensor updates: the server side of a round needs numpy alone
 
         finite = bool(torch.isfinite(update).all())
         if not finite:
@@ -132,7 +132,7 @@ class PartialSum:
             return np.full(k, math.nan)
         if k == 0:
             return np.zeros(0)
-        import torch
+        import torch  # torch only for tensor updates: the server side of a round needs numpy alone
 
         u = updates.detach() if _is_torch(updates) else torch.from_numpy(np.asarray(updates))
         w = torch.ones(k, dtype=torch.float64, device=u.device) if weights is None else torch.as_tensor(

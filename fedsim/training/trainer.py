@@ -23,6 +23,7 @@ from fedsim.models import build_model
 from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
 
 from .shuffle import client_orders
+from .vectorized import train_vectorized, train_vectorized_chunks
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,6 @@ class ClientTrainer:
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
         metrics: list[dict[str, Any]] = []
         if self.settings.vectorize and cids and noise_share_std == 0:
-            from .vectorized import train_vectorized_chunks
-
             # the whole chunk is clipped and summed on the device at once; only the sum leaves it
             for updates, chunk_metrics in train_vectorized_chunks(self, server_round, cids, global_w):
                 weights = None if client_weights is None else [client_weights[m["client"]] for m in chunk_metrics]
@@ -217,8 +216,6 @@ class ClientTrainer:
             metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, as the loop gives
             return partial, metrics
         if self.settings.vectorize and cids:
-            from .vectorized import train_vectorized
-
             results = train_vectorized(self, server_round, cids, global_w)
         else:
             results = (self.train_one(c, server_round, global_w) for c in cids)

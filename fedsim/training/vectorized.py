@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
+from . import native
 from .shuffle import client_orders
 from .stacked import dense_step, stacked_forward
 
@@ -132,8 +133,6 @@ def _train_chunk_native(
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """:func:`_train_chunk` with the fused CPU kernel :func:`fedsim.training.native.cnn1d_train` (every step of
     the chunk in one call; the same batches, losses and updates up to float rounding)."""
-    from . import native
-
     s = trainer.settings
     tensors = [trainer._tensors(c) for c in cids]
     n = np.array([int(y.shape[0]) for _, y in tensors], dtype=np.int64)
@@ -254,8 +253,6 @@ def train_vectorized_chunks(
 def native_dims(trainer: Any) -> np.ndarray | None:
     """The fused CPU kernel's dims for ``trainer``'s model when that kernel will train it (a CNN1D on the CPU,
     :func:`fedsim.training.native.available`), else ``None`` (the PyTorch path)."""
-    from . import native
-
     if trainer.device.type != "cpu" or not native.enabled():
         return None
     dims = native.cnn1d_dims(trainer.model, int(trainer.settings.batch_size))

@@ -45,9 +45,9 @@ def test_invalid_value_exit_code_without_traceback():
 
 
 def test_sampling_combinations_are_checked():
-    with pytest.raises(ScenarioError, match="sampling='fixed' needs privacy.clients_per_round"):
+    with pytest.raises(ScenarioError, match="give exactly one of the two for sampling='fixed'"):
         load_scenario("quickstart", ["privacy.sampling=fixed", "privacy.sampling_rate=none"])
-    with pytest.raises(ScenarioError, match="exactly one of sampling_rate"):
+    with pytest.raises(ScenarioError, match="give exactly one of the two for sampling='poisson'"):
         load_scenario("quickstart", ["privacy.clients_per_round=10"])
     s = load_scenario("quickstart", ["privacy.sampling=all", "privacy.sampling_rate=none"])
     assert s.privacy.sampling == "all"

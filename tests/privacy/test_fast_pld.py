@@ -136,3 +136,25 @@ def test_optimistic_pmfs_are_refused():
 
     with pytest.raises(ValueError, match="pessimistic"):
         DensePmf.from_dp_accounting(pld_pmf.DensePLDPmf(0.1, 0, np.array([1.0]), 0.0, False))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(sampling="poisson", sampling_rate=0.01, noise_multiplier=1.1),
+    dict(sampling="poisson", sampling_rate=0.2, noise_multiplier=0.8),
+    dict(sampling="fixed", clients_per_round=10, noise_multiplier=1.5),
+    dict(sampling="all", noise_multiplier=2.0),
+])
+def test_runs_and_the_cli_report_the_same_pld_epsilon_at_every_round(kw):
+    """Runs account with the ledger's incremental PLD (fedsim.privacy.fast_pld); ``fedsim privacy`` with
+    compute_curve (dp-accounting's PLD composed round by round). Two code paths, one answer."""
+    from fedsim.privacy import Ledger, Mechanism, compute_curve
+
+    m = Mechanism(population=100, **kw)
+    rounds = 30
+    cli = compute_curve(m, rounds, 1e-5, "pld", pld_exact_every_round=True).epsilon
+    ledger = Ledger()
+    for t in range(1, rounds + 1):
+        ledger.record(t, m)
+        run = ledger.epsilon(1e-5, "pld")
+        assert run == pytest.approx(cli[t - 1], rel=1e-8), t
+        assert run >= cli[t - 1]  # the run's value is rounded up, never below dp-accounting

@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+
+from fedsim.models.registry import CNN1D
 
 _SRC = Path(__file__).with_name("cnn1d.c")
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-std=c11", "-pthread"]
@@ -175,10 +178,6 @@ def _ptr(t: torch.Tensor | np.ndarray) -> int:
 def cnn1d_dims(model: Any, batch_size: int) -> np.ndarray | None:
     """The kernel's ``dims`` vector for a :class:`fedsim.models.CNN1D`, or ``None`` when the kernel does not
     cover it (grouped or dilated convolutions, non-zero padding modes, missing biases, another activation)."""
-    from torch import nn
-
-    from fedsim.models.registry import CNN1D
-
     if not isinstance(model, CNN1D) or not isinstance(model.act, nn.ReLU):
         return None
     c1, c2, head = model.conv1, model.conv2, model.head

@@ -1,0 +1,131 @@
+"""The architecture, checked: packages import downward only, the schema's choices come from the registries, and
+the same bad value gets the same message from a scenario and from the library."""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"fedsim": ROOT / "fedsim", "fedsim.strategies": ROOT / "strategies", "fedsim.scenarios": ROOT / "scenarios"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((pkg, *rel)).removesuffix(".__init__")
+            mods[name] = path
+    return mods
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to: ``fedsim.X`` (top-level modules such as fedsim.loop are their own unit)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    is_pkg = path.name == "__init__.py"
+    parts = name.split(".") if is_pkg else name.split(".")[:-1]
+    out = set()
+    for node in ast.walk(tree):  # every import, also inside functions and TYPE_CHECKING blocks
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+    return {m for m in out if m == "fedsim" or m.startswith("fedsim.")}
+
+
+def _package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        src = _unit(name)
+        for target in _imports(name, path):
+            dst = _unit(target)
+            if dst != src and dst != "fedsim":
+                graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def test_packages_import_each_other_in_no_circle():
+    graph = _package_graph()
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle.extend(stack[stack.index(nxt):] + [node, nxt] if nxt in stack else [node, nxt])
+                return True
+            if state.get(nxt) is None and visit(nxt, stack + [node]):
+                return True
+        state[node] = 2
+        return False
+
+    for n in sorted(graph):
+        if state.get(n) is None and visit(n, []):
+            break
+    assert not cycle, f"import circle between packages: {' -> '.join(cycle)}"
+
+
+def test_the_layers_point_down():
+    graph = _package_graph()
+    low = {"fedsim.validation", "fedsim.round", "fedsim.privacy", "fedsim.data", "fedsim.models", "fedsim.training"}
+    for pkg in low:
+        up = graph.get(pkg, set()) & {"fedsim.loop", "fedsim.engine", "fedsim.apps", "fedsim.cli", "fedsim.experiment",
+                                      "fedsim.strategies"}
+        assert not up, f"{pkg} imports the layers above it: {sorted(up)}"
+    assert "fedsim.strategies" not in graph.get("fedsim.flower", set())
+
+
+def _choices(model, field: str) -> tuple:
+    return typing.get_args(model.model_fields[field].annotation)
+
+
+def test_schema_choices_are_the_registries():
+    from fedsim.data import DATASETS, PARTITIONERS
+    from fedsim.engine.runner import ENGINES
+    from fedsim.models import MODELS
+    from fedsim.privacy import CERTIFIED
+    from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLERS
+    from fedsim.scenarios import schema
+    from fedsim.strategies import SERVER_OPTIMIZERS
+
+    assert _choices(schema.DataConfig, "dataset") == DATASETS
+    assert _choices(schema.DataConfig, "partitioner") == PARTITIONERS
+    assert _choices(schema.ModelConfig, "name") == MODELS
+    assert _choices(schema.PrivacyConfig, "sampling") == tuple(SAMPLERS)
+    assert _choices(schema.PrivacyConfig, "noise_placement") == NOISE_PLACEMENTS
+    assert set(_choices(schema.PrivacyConfig, "accountant")) == CERTIFIED
+    assert _choices(schema.PrivacyConfig, "randomness") == RANDOMNESS
+    assert _choices(schema.ServerConfig, "optimizer") == SERVER_OPTIMIZERS
+    assert set(_choices(schema.EngineConfig, "name")) == set(ENGINES)
+
+
+@pytest.mark.parametrize("overrides, api", [
+    (["privacy.sampling=poisson", "privacy.clients_per_round=5"], dict(sampling="poisson", sampling_rate=0.2,
+                                                                     clients_per_round=5)),
+    (["privacy.sampling=all", "privacy.sampling_rate=0.5"], dict(sampling="all", sampling_rate=0.5)),
+])
+def test_a_bad_cohort_gets_the_same_message_from_a_scenario_and_the_library(overrides, api):
+    from fedsim.privacy import Mechanism, PrivacyInputError
+    from fedsim.scenarios import ScenarioError, load_scenario
+    from fedsim.strategies import DPFedAvg
+
+    with pytest.raises(ScenarioError) as scenario_error:
+        load_scenario("quickstart", overrides)
+    with pytest.raises(PrivacyInputError) as strategy_error:
+        DPFedAvg(**api)
+    with pytest.raises(PrivacyInputError) as mechanism_error:
+        Mechanism(population=100, **api)
+    assert str(strategy_error.value) == str(mechanism_error.value)
+    assert str(strategy_error.value) in str(scenario_error.value)
