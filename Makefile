@@ -17,7 +17,7 @@ export FLWR_TELEMETRY_ENABLED ?= 0
 export FLWR_DISABLE_UPDATE_CHECK ?= 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION ?= 1
 
-.PHONY: install install-test run test bench clean
+.PHONY: install install-test run test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: install
 	$(BIN)/python benchmarks/privacy.py

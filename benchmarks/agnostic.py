@@ -35,9 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsim.scenarios import load_scenario
-
 from fedsim.engine.runner import run_scenario
+from fedsim.scenarios import load_scenario
 
 DEFAULT_SCENARIO = str(ROOT / "scenarios" / "agnostic.toml")
 
@@ -56,12 +55,19 @@ def afl_z_model(z_target: float, z_loss: float) -> float:
 
 def scenarios(path: str, overrides: list[str], seed: int, target_z: float | None) -> tuple[Any, Any]:
     """(AFL scenario, DP-FedAvg scenario) at the same certified epsilon."""
-    base = [*overrides, f"seed={seed}", "engine.name=local", "engine.eval_every=1000000"]  # evaluate the last round only
+    base = [
+        *overrides,
+        f"seed={seed}",
+        "engine.name=local",
+        "engine.eval_every=1000000",
+    ]  # evaluate the last round only
     afl = load_scenario(path, [*base, "agnostic.enabled=true"])
     z_loss = afl.agnostic.loss_noise_multiplier
     if target_z is not None:
-        afl = load_scenario(path, [*base, "agnostic.enabled=true",
-                                   f"privacy.noise_multiplier={afl_z_model(target_z, z_loss)!r}"])
+        afl = load_scenario(
+            path,
+            [*base, "agnostic.enabled=true", f"privacy.noise_multiplier={afl_z_model(target_z, z_loss)!r}"],
+        )
     z_avg = composed_z(afl.privacy.noise_multiplier, z_loss)
     avg = load_scenario(path, [*base, "agnostic.enabled=false", f"privacy.noise_multiplier={z_avg!r}"])
     return afl, avg
@@ -104,7 +110,9 @@ def show(tag: str, s: dict[str, Any]) -> None:
         f" | acc train {s['acc_train']:.3f} held-out {s['acc_heldout']:.3f} domains {fmt(s['acc_dom_train'])}"
     )
     if "lambda" in s:
-        line += f" | lambda {fmt(s['lambda'])} (weight scale / FedAvg's: mean {s['mean_weight_scale_ratio']:.2f})"
+        line += (
+            f" | lambda {fmt(s['lambda'])} (weight scale / FedAvg's: mean {s['mean_weight_scale_ratio']:.2f})"
+        )
     print(line, flush=True)
 
 
@@ -112,21 +120,35 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default=DEFAULT_SCENARIO)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="scenario override, as `fedsim run --set` (repeatable)")
-    ap.add_argument("--target-z", type=float, default=None,
-                    help="DP-FedAvg's noise multiplier; AFL's model noise is derived from it and z_loss")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="scenario override, as `fedsim run --set` (repeatable)",
+    )
+    ap.add_argument(
+        "--target-z",
+        type=float,
+        default=None,
+        help="DP-FedAvg's noise multiplier; AFL's model noise is derived from it and z_loss",
+    )
     ap.add_argument("--quiet", action="store_true", help="only the summary lines")
     a = ap.parse_args(argv)
 
     afl0, avg0 = scenarios(a.scenario, a.overrides, a.seeds[0], a.target_z)
     p, ag, d = afl0.privacy, afl0.agnostic, afl0.data
-    print(f"scenario {a.scenario} ({afl0.name}): {d.dataset}, {d.num_clients} clients, domains {d.domains}, "
-          f"shift {d.domain_shift}, noise {d.domain_noise}, held out {d.heldout_fraction}; {afl0.rounds} rounds, "
-          f"q={p.sampling_rate}, clip {p.clip}, delta {p.delta}")
-    print(f"AFL: z_model={p.noise_multiplier:.6f}, z_loss={ag.loss_noise_multiplier:.6f}, "
-          f"lambda_lr={ag.lambda_lr}  ->  DP-FedAvg: z = (z_model^-2 + z_loss^-2)^-1/2 = "
-          f"{avg0.privacy.noise_multiplier:.6f}")
+    print(
+        f"scenario {a.scenario} ({afl0.name}): {d.dataset}, {d.num_clients} clients, domains {d.domains}, "
+        f"shift {d.domain_shift}, noise {d.domain_noise}, held out {d.heldout_fraction}; {afl0.rounds} rounds, "
+        f"q={p.sampling_rate}, clip {p.clip}, delta {p.delta}"
+    )
+    print(
+        f"AFL: z_model={p.noise_multiplier:.6f}, z_loss={ag.loss_noise_multiplier:.6f}, "
+        f"lambda_lr={ag.lambda_lr}  ->  DP-FedAvg: z = (z_model^-2 + z_loss^-2)^-1/2 = "
+        f"{avg0.privacy.noise_multiplier:.6f}"
+    )
     print(f"overrides: {a.overrides or 'none'}; seeds {a.seeds}\n", flush=True)
 
     res: dict[str, list[dict[str, Any]]] = {"DPFedAvg": [], "AFL": []}
@@ -147,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         assert afl["rounds"] == avg["rounds"] == afl_sc.rounds, "a run stopped early"
         res["DPFedAvg"].append(avg)
         res["AFL"].append(afl)
-        print(f"seed {seed} ({t_avg:.0f} s + {t_afl:.0f} s)  certified epsilon equal: "
-              f"{afl['epsilon']:.6f} == {avg['epsilon']:.6f} (delta={afl_sc.privacy.delta:g})")
+        print(
+            f"seed {seed} ({t_avg:.0f} s + {t_afl:.0f} s)  certified epsilon equal: "
+            f"{afl['epsilon']:.6f} == {avg['epsilon']:.6f} (delta={afl_sc.privacy.delta:g})"
+        )
         show("DPFedAvg", avg)
         show("AFL", afl)
 
@@ -158,24 +182,36 @@ def main(argv: list[str] | None = None) -> int:
         m = {k: float(np.mean([r[k] for r in rs])) for k in keys}
         lt = np.mean([r["loss_train"] for r in rs], axis=0).tolist()
         lh = np.mean([r["loss_heldout"] for r in rs], axis=0).tolist()
-        extra = f" | lambda {fmt(np.mean([r['lambda'] for r in rs], axis=0).tolist())}" if name == "AFL" else ""
-        print(f"  {name:<8} eps {m['epsilon']:.4f} | worst-domain loss train {m['worst_train']:.4f} held-out "
-              f"{m['worst_heldout']:.4f} | domain loss train {fmt(lt)} held-out {fmt(lh)} | acc train "
-              f"{m['acc_train']:.3f} held-out {m['acc_heldout']:.3f}{extra}")
+        extra = (
+            f" | lambda {fmt(np.mean([r['lambda'] for r in rs], axis=0).tolist())}" if name == "AFL" else ""
+        )
+        print(
+            f"  {name:<8} eps {m['epsilon']:.4f} | worst-domain loss train {m['worst_train']:.4f} held-out "
+            f"{m['worst_heldout']:.4f} | domain loss train {fmt(lt)} held-out {fmt(lh)} | acc train "
+            f"{m['acc_train']:.3f} held-out {m['acc_heldout']:.3f}{extra}"
+        )
 
     n = len(a.seeds)
     verdict = []
     for key, label in (("worst_train", "training clients"), ("worst_heldout", "held-out clients")):
-        diff = np.array([f[key] - g[key] for f, g in zip(res["AFL"], res["DPFedAvg"])])
+        diff = np.array([f[key] - g[key] for f, g in zip(res["AFL"], res["DPFedAvg"], strict=True)])
         wins = int(np.sum(diff < 0))
         mean_avg = float(np.mean([g[key] for g in res["DPFedAvg"]]))
         sd = float(np.std(diff, ddof=1)) if n > 1 else math.nan
         verdict.append(wins == n and np.mean(diff) < 0)
-        print(f"verdict ({label}): AFL worst-domain loss - DPFedAvg's = {np.mean(diff):+.4f} on average "
-              f"({np.mean(diff) / mean_avg:+.1%}; per seed {fmt(diff.tolist(), '+.4f')}, sd {sd:.4f}); "
-              f"AFL lower in {wins}/{n} seeds")
-    print("AFL lowers the worst-domain loss at equal certified epsilon: "
-          + ("YES (every seed, train and held-out)" if all(verdict) else "NOT in every seed / split (see above)"))
+        print(
+            f"verdict ({label}): AFL worst-domain loss - DPFedAvg's = {np.mean(diff):+.4f} on average "
+            f"({np.mean(diff) / mean_avg:+.1%}; per seed {fmt(diff.tolist(), '+.4f')}, sd {sd:.4f}); "
+            f"AFL lower in {wins}/{n} seeds"
+        )
+    print(
+        "AFL lowers the worst-domain loss at equal certified epsilon: "
+        + (
+            "YES (every seed, train and held-out)"
+            if all(verdict)
+            else "NOT in every seed / split (see above)"
+        )
+    )
     return 0
 
 

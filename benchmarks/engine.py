@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 # ---------------------------------------------------------------- environment (before flwr / ray imports)
-from fedsim.env import set_offline_defaults  # noqa: E402 - light module, before flwr / ray
+from fedsim.env import set_offline_defaults
 
 set_offline_defaults(private_state=True, prefix="fedsim-bench-")
 _TMP = tempfile.mkdtemp(prefix="fedsim-bench-")  # the benchmark's own files (partitions, timestamps)
@@ -50,35 +50,72 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         size = {"num_samples": 5000, "num_clients": 100, "per_round": 10, "rounds": args.rounds or 6}
     else:
         size = {"num_samples": 50_000, "num_clients": 1000, "per_round": 100, "rounds": args.rounds or 30}
-    return {**size, "alpha": 0.5, "hidden": 100, "epochs": 1, "batch": 16, "lr": 0.1, "clip": 1.0, "z": 1.0,
-            "seed": 0}
+    return {
+        **size,
+        "alpha": 0.5,
+        "hidden": 100,
+        "epochs": 1,
+        "batch": 16,
+        "lr": 0.1,
+        "clip": 1.0,
+        "z": 1.0,
+        "seed": 0,
+    }
 
 
 def build_data(w: dict[str, Any]) -> Any:
     from fedsim.data import build_federated_data
 
     return build_federated_data(
-        "mnist1d", num_clients=w["num_clients"], partitioner="dirichlet", alpha=w["alpha"],
-        heldout_fraction=0.0, num_samples=w["num_samples"], seed=w["seed"],
+        "mnist1d",
+        num_clients=w["num_clients"],
+        partitioner="dirichlet",
+        alpha=w["alpha"],
+        heldout_fraction=0.0,
+        num_samples=w["num_samples"],
+        seed=w["seed"],
     )
 
 
 def scenario(w: dict[str, Any], vectorize: bool, engine: str = "ray", workers: int = 2) -> Any:
     from fedsim.scenarios import Scenario
 
-    return Scenario.model_validate({
-        "name": "bench-engine",
-        "seed": w["seed"],
-        "rounds": w["rounds"],
-        "data": {"dataset": "mnist1d", "num_clients": w["num_clients"], "partitioner": "dirichlet",
-                 "alpha": w["alpha"], "heldout_fraction": 0.0, "num_samples": w["num_samples"]},
-        "model": {"name": "mlp", "hidden": [w["hidden"]]},
-        "client": {"local_epochs": w["epochs"], "batch_size": w["batch"], "lr": w["lr"], "optimizer": "sgd"},
-        "privacy": {"sampling": "poisson", "clients_per_round": w["per_round"], "clip": w["clip"],
-                    "noise_multiplier": w["z"], "accountant": "pld"},
-        "engine": {"name": engine, "num_workers": workers, "num_cpus_per_worker": 2.0 / workers, "vectorize": vectorize,
-                   "eval_every": 10**9},
-    })
+    return Scenario.model_validate(
+        {
+            "name": "bench-engine",
+            "seed": w["seed"],
+            "rounds": w["rounds"],
+            "data": {
+                "dataset": "mnist1d",
+                "num_clients": w["num_clients"],
+                "partitioner": "dirichlet",
+                "alpha": w["alpha"],
+                "heldout_fraction": 0.0,
+                "num_samples": w["num_samples"],
+            },
+            "model": {"name": "mlp", "hidden": [w["hidden"]]},
+            "client": {
+                "local_epochs": w["epochs"],
+                "batch_size": w["batch"],
+                "lr": w["lr"],
+                "optimizer": "sgd",
+            },
+            "privacy": {
+                "sampling": "poisson",
+                "clients_per_round": w["per_round"],
+                "clip": w["clip"],
+                "noise_multiplier": w["z"],
+                "accountant": "pld",
+            },
+            "engine": {
+                "name": engine,
+                "num_workers": workers,
+                "num_cpus_per_worker": 2.0 / workers,
+                "vectorize": vectorize,
+                "eval_every": 10**9,
+            },
+        }
+    )
 
 
 def steady(times: list[float]) -> float:
@@ -87,7 +124,9 @@ def steady(times: list[float]) -> float:
 
 
 # ---------------------------------------------------------------- fedsim
-def run_fedsim(w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray", workers: int = 2) -> dict[str, Any]:
+def run_fedsim(
+    w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray", workers: int = 2
+) -> dict[str, Any]:
     import ray
 
     from fedsim import experiment
@@ -177,8 +216,9 @@ def make_flower_client_app():
                 opt.zero_grad()
                 loss_fn(model(x[idx]), y[idx]).backward()
                 opt.step()
-        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                              "metrics": MetricRecord({"num-examples": n})})
+        content = RecordDict(
+            {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": n})}
+        )
         return Message(content=content, reply_to=msg)
 
     return app
@@ -197,9 +237,13 @@ def make_flower_server_app(w: dict[str, Any], stamps_path: str):
     def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(w["seed"])
         model = build_model("mlp", 40, 10, hidden=[w["hidden"]])
-        fedavg = FedAvg(fraction_train=w["per_round"] / w["num_clients"], fraction_evaluate=0.0,
-                        min_train_nodes=w["per_round"], min_evaluate_nodes=0,
-                        min_available_nodes=w["num_clients"])
+        fedavg = FedAvg(
+            fraction_train=w["per_round"] / w["num_clients"],
+            fraction_evaluate=0.0,
+            min_train_nodes=w["per_round"],
+            min_evaluate_nodes=0,
+            min_available_nodes=w["num_clients"],
+        )
         strategy = DifferentialPrivacyServerSideFixedClipping(
             fedavg, noise_multiplier=w["z"], clipping_norm=w["clip"], num_sampled_clients=w["per_round"]
         )
@@ -209,8 +253,12 @@ def make_flower_server_app(w: dict[str, Any], stamps_path: str):
                 f.write(f"{server_round} {time.time()}\n")
             return None
 
-        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=w["rounds"],
-                       evaluate_fn=evaluate_fn)
+        strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=w["rounds"],
+            evaluate_fn=evaluate_fn,
+        )
 
     return app
 
@@ -222,8 +270,17 @@ def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     path = os.path.join(_TMP, "partition.npz")
-    np.savez(path, x=data.x, y=data.y, rows=data._rows, offsets=data._offsets, hidden=w["hidden"], lr=w["lr"],
-             batch=w["batch"], epochs=w["epochs"])
+    np.savez(
+        path,
+        x=data.x,
+        y=data.y,
+        rows=data._rows,
+        offsets=data._offsets,
+        hidden=w["hidden"],
+        lr=w["lr"],
+        batch=w["batch"],
+        epochs=w["epochs"],
+    )
     os.environ["FEDSIM_BENCH_DATA"] = path
     stamps = os.path.join(_TMP, "flower-stamps.txt")
     if os.path.exists(stamps):
@@ -235,8 +292,10 @@ def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
         server_app=make_flower_server_app(w, stamps),
         client_app=make_flower_client_app(),
         num_supernodes=w["num_clients"],
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "num_gpus": 0}},
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "num_gpus": 0},
+        },
     )
     e2e = time.perf_counter() - t0
     if ray.is_initialized():
@@ -248,10 +307,16 @@ def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
     if len(per_round) < w["rounds"]:
         print(f"WARNING: Flower completed {len(per_round)} of {w['rounds']} rounds", flush=True)
     s = steady(per_round)
-    return {"name": "Flower sim + DP server-side fixed clipping", "s_round": s, "train_s_round": s,
-            "updates_s": w["per_round"] / s, "e2e": e2e, "startup": ts[0] - wall0 if ts else math.nan,
-            "first": float(sum(per_round[:STEADY_SKIP])),
-            "rounds": len(per_round)}
+    return {
+        "name": "Flower sim + DP server-side fixed clipping",
+        "s_round": s,
+        "train_s_round": s,
+        "updates_s": w["per_round"] / s,
+        "e2e": e2e,
+        "startup": ts[0] - wall0 if ts else math.nan,
+        "first": float(sum(per_round[:STEADY_SKIP])),
+        "rounds": len(per_round),
+    }
 
 
 # ---------------------------------------------------------------- floors
@@ -307,10 +372,16 @@ def floor_loop(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
         times.append(time.perf_counter() - t)
         cohorts.append(cohort.size)
     s = steady(times)
-    return {"name": "floor: plain PyTorch loop (1 proc, 1 thr)", "s_round": s, "train_s_round": s,
-            "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s, "e2e": math.nan, "startup": math.nan,
-            "first": float(sum(times[:STEADY_SKIP])),
-            "rounds": rounds}
+    return {
+        "name": "floor: plain PyTorch loop (1 proc, 1 thr)",
+        "s_round": s,
+        "train_s_round": s,
+        "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s,
+        "e2e": math.nan,
+        "startup": math.nan,
+        "first": float(sum(times[:STEADY_SKIP])),
+        "rounds": rounds,
+    }
 
 
 def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
@@ -336,8 +407,10 @@ def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
         y_all = torch.cat([f.ys[c] for c in cohort])
         sizes = [f.ys[c].shape[0] for c in cohort]
         n_steps = max(math.ceil(n / bsz) for n in sizes)
-        params = {nm: t_.reshape(sh).expand(k, *sh).clone() for nm, t_, sh in
-                  zip(names, torch.split(f.flat, numels), shapes, strict=True)}
+        params = {
+            nm: t_.reshape(sh).expand(k, *sh).clone()
+            for nm, t_, sh in zip(names, torch.split(f.flat, numels), shapes, strict=True)
+        }
         for _e in range(w["epochs"]):
             idx = torch.zeros(k, n_steps * bsz, dtype=torch.long)
             msk = torch.zeros(k, n_steps * bsz)
@@ -359,20 +432,26 @@ def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
         times.append(time.perf_counter() - t)
         cohorts.append(k)
     s = steady(times)
-    return {"name": "floor: plain torch.func vmap (1 proc, 1 thr)", "s_round": s, "train_s_round": s,
-            "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s, "e2e": math.nan, "startup": math.nan,
-            "first": float(sum(times[:STEADY_SKIP])),
-            "rounds": rounds}
+    return {
+        "name": "floor: plain torch.func vmap (1 proc, 1 thr)",
+        "s_round": s,
+        "train_s_round": s,
+        "updates_s": float(np.mean(cohorts[STEADY_SKIP:])) / s,
+        "e2e": math.nan,
+        "startup": math.nan,
+        "first": float(sum(times[:STEADY_SKIP])),
+        "rounds": rounds,
+    }
 
 
 # ---------------------------------------------------------------- FLOP/s of a small CNN
 def flops_report(w: dict[str, Any], data: Any) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
+    from fedsim.models import build_model
     from fedsim.training import native
     from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
     from fedsim.training.vectorized import train_vectorized
-    from fedsim.models import build_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -411,8 +490,15 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
 
         # fedsim's vectorised path: 100 clients of the workload, cnn1d, 1 epoch of batch 16; on the CPU that is
         # the fused C kernel (fedsim.training.native) when it builds, and the PyTorch path with FEDSIM_NATIVE=0
-        settings = TrainSettings(model="cnn1d", model_kwargs={}, local_epochs=1, batch_size=w["batch"],
-                                 lr=0.1, seed=0, vectorize=True)
+        settings = TrainSettings(
+            model="cnn1d",
+            model_kwargs={},
+            local_epochs=1,
+            batch_size=w["batch"],
+            lr=0.1,
+            seed=0,
+            vectorize=True,
+        )
         trainer = ClientTrainer(data, settings, device="cpu")
         gw = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)
         cids = [int(c) for c in np.arange(0, data.num_clients, max(1, data.num_clients // 100))]
@@ -427,7 +513,9 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
             old = os.environ.get("FEDSIM_NATIVE")
             os.environ["FEDSIM_NATIVE"] = native_flag
             try:
-                list(train_vectorized(trainer, 1, cids, gw))  # warm-up (fills the client cache, builds the kernel)
+                list(
+                    train_vectorized(trainer, 1, cids, gw)
+                )  # warm-up (fills the client cache, builds the kernel)
                 reps, t = 0, time.perf_counter()
                 while time.perf_counter() - t < 3.0 or reps < 2:
                     list(train_vectorized(trainer, 1, cids, gw))
@@ -451,10 +539,16 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
         l2 = (l1 + 2 * c2.padding[0] - c2.kernel_size[0]) // c2.stride[0] + 1
         k1, k2, ch1, ch2 = c1.kernel_size[0], c2.kernel_size[0], c1.out_channels, c2.out_channels
         ncls = data.num_classes
-        shapes = [(b_ * l1, k1, ch1), (b_ * l2, k2 * ch1, ch2), (b_, l2 * ch2, ncls),  # forward
-                  (ncls, b_, l2 * ch2), (b_, ncls, l2 * ch2),  # head: weight grad, input grad
-                  (k2 * ch1, b_ * l2, ch2), (b_ * l2, ch2, k2 * ch1),  # conv2: weight grad, input grad
-                  (k1, b_ * l1, ch1)]  # conv1: weight grad
+        shapes = [
+            (b_ * l1, k1, ch1),
+            (b_ * l2, k2 * ch1, ch2),
+            (b_, l2 * ch2, ncls),  # forward
+            (ncls, b_, l2 * ch2),
+            (b_, ncls, l2 * ch2),  # head: weight grad, input grad
+            (k2 * ch1, b_ * l2, ch2),
+            (b_ * l2, ch2, k2 * ch1),  # conv2: weight grad, input grad
+            (k1, b_ * l1, ch1),
+        ]  # conv1: weight grad
         mats = [(torch.randn(k, m, q), torch.randn(k, q, r)) for m, q, r in shapes]
         gemm_flops = sum(2 * k * m * q * r for m, q, r in shapes)
         reps, t = 0, time.perf_counter()
@@ -467,21 +561,29 @@ def flops_report(w: dict[str, Any], data: Any) -> None:
         torch.set_num_threads(threads)
     print("\nSmall CNN (cnn1d on MNIST-1D), 1 thread")
     print(f"  matmul peak (torch.mm {n}x{n} fp32)          : {peak / 1e9:8.2f} GFLOP/s")
-    print(f"  plain PyTorch loop, one client, batch {w['batch']} ({step_flops / 1e6:.2f} MFLOP/step): "
-          f"{loop_rate / 1e9:8.2f} GFLOP/s = {100 * loop_rate / peak:5.1f}% of peak  (reference)")
+    print(
+        f"  plain PyTorch loop, one client, batch {w['batch']} ({step_flops / 1e6:.2f} MFLOP/step): "
+        f"{loop_rate / 1e9:8.2f} GFLOP/s = {100 * loop_rate / peak:5.1f}% of peak  (reference)"
+    )
     if kernel:
-        print(f"  fedsim vectorized, {len(cids)} clients, fused C kernel   : {native_rate / 1e9:8.2f} GFLOP/s"
-              f" = {100 * native_rate / peak:5.1f}% of peak  {'PASS' if native_rate >= 0.4 * peak else 'MISS'}"
-              " (target 40%)")
+        print(
+            f"  fedsim vectorized, {len(cids)} clients, fused C kernel   : {native_rate / 1e9:8.2f} GFLOP/s"
+            f" = {100 * native_rate / peak:5.1f}% of peak  {'PASS' if native_rate >= 0.4 * peak else 'MISS'}"
+            " (target 40%)"
+        )
     else:
         print(f"  fused C kernel unavailable ({native.unavailable_reason()}): MISS (target 40%)")
-    print(f"  fedsim vectorized, {len(cids)} clients, PyTorch path    : {torch_rate / 1e9:8.2f} GFLOP/s"
-          f" = {100 * torch_rate / peak:5.1f}% of peak  (FEDSIM_NATIVE=0; stacked batched GEMMs, which also compute"
-          f" the {100 * (padded - real) / padded:.0f}% of batch slots that are padding)")
+    print(
+        f"  fedsim vectorized, {len(cids)} clients, PyTorch path    : {torch_rate / 1e9:8.2f} GFLOP/s"
+        f" = {100 * torch_rate / peak:5.1f}% of peak  (FEDSIM_NATIVE=0; stacked batched GEMMs, which also compute"
+        f" the {100 * (padded - real) / padded:.0f}% of batch slots that are padding)"
+    )
     print("  (useful FLOPs only: the per-example FLOPs of the plain step times the real examples trained)")
-    print(f"  for scale: the PyTorch path's batched GEMMs alone (100 clients x batch {w['batch']},"
-          f" {gemm_flops / 1e6:.0f} MFLOP) run at {gemm_flops / gemm_time / 1e9:.1f} GFLOP/s ="
-          f" {100 * gemm_flops / gemm_time / peak:.1f}% of peak")
+    print(
+        f"  for scale: the PyTorch path's batched GEMMs alone (100 clients x batch {w['batch']},"
+        f" {gemm_flops / 1e6:.0f} MFLOP) run at {gemm_flops / gemm_time / 1e9:.1f} GFLOP/s ="
+        f" {100 * gemm_flops / gemm_time / peak:.1f}% of peak"
+    )
 
 
 # ---------------------------------------------------------------- main
@@ -491,22 +593,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-flower", action="store_true", help="do not run Flower's Simulation Engine")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     p.add_argument("--skip-flops", action="store_true", help="skip the FLOP/s report")
-    p.add_argument("--worker-niceness", type=int, default=None,
-                   help="set RAY_worker_niceness for both engines (Ray's default: 15, which starves Ray workers "
-                   "on a machine shared with other busy processes)")
+    p.add_argument(
+        "--worker-niceness",
+        type=int,
+        default=None,
+        help="set RAY_worker_niceness for both engines (Ray's default: 15, which starves Ray workers "
+        "on a machine shared with other busy processes)",
+    )
     args = p.parse_args(argv)
     if args.worker_niceness is not None:
         os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
     w = workload(args)
     print(f"workload: {w}")
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} torch threads,"
-          f" load average {os.getloadavg()[0]:.2f} at start,"
-          f" RAY_worker_niceness={os.environ.get('RAY_worker_niceness', '(Ray default 15)')}")
+    print(
+        f"machine: {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} torch threads,"
+        f" load average {os.getloadavg()[0]:.2f} at start,"
+        f" RAY_worker_niceness={os.environ.get('RAY_worker_niceness', '(Ray default 15)')}"
+    )
     t = time.perf_counter()
     data = build_data(w)
     sizes = data.num_examples_array(np.arange(data.num_clients))
-    print(f"data prepared once in {time.perf_counter() - t:.1f} s (excluded from end-to-end figures); "
-          f"examples per client min {sizes.min()} median {np.median(sizes):.0f} max {sizes.max()}", flush=True)
+    print(
+        f"data prepared once in {time.perf_counter() - t:.1f} s (excluded from end-to-end figures); "
+        f"examples per client min {sizes.min()} median {np.median(sizes):.0f} max {sizes.max()}",
+        flush=True,
+    )
 
     results = []
     for vec in (False, True):
@@ -527,7 +638,10 @@ def main(argv: list[str] | None = None) -> int:
     flower = None
     if not args.skip_flower:
         flower = run_flower(w, data)
-        print(f"  done: {flower['name']}: {flower['s_round']:.4f} s/round, e2e {flower['e2e']:.1f} s", flush=True)
+        print(
+            f"  done: {flower['name']}: {flower['s_round']:.4f} s/round, e2e {flower['e2e']:.1f} s",
+            flush=True,
+        )
         results.append(flower)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # single process, single thread: OpenMP threads thrash on a busy 2-core machine
@@ -538,32 +652,50 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     results += [local, loop, func]
 
-    print(f"\nsteady state = mean over rounds {STEADY_SKIP + 1}..; end to end = engine start-up + all rounds"
-          " + shutdown; startup: fedsim = run_scenario set-up + Ray start, Flower = until the ServerApp's first"
-          " evaluate_fn call (its workers start during round 1)")
-    print(f"{'engine':46s} {'updates/s':>10s} {'s/round':>9s} {'train s/rnd':>11s} {'end-to-end s':>12s}"
-          f" {'startup s':>9s} {'rounds 1-3 s':>12s}")
+    print(
+        f"\nsteady state = mean over rounds {STEADY_SKIP + 1}..; end to end = engine start-up + all rounds"
+        " + shutdown; startup: fedsim = run_scenario set-up + Ray start, Flower = until the ServerApp's first"
+        " evaluate_fn call (its workers start during round 1)"
+    )
+    print(
+        f"{'engine':46s} {'updates/s':>10s} {'s/round':>9s} {'train s/rnd':>11s} {'end-to-end s':>12s}"
+        f" {'startup s':>9s} {'rounds 1-3 s':>12s}"
+    )
     for r in results:
-        print(f"{r['name']:46s} {r['updates_s']:10.1f} {r['s_round']:9.4f} {r['train_s_round']:11.4f}"
-              f" {r['e2e']:12.1f} {r['startup']:9.1f} {r['first']:12.3f}")
+        print(
+            f"{r['name']:46s} {r['updates_s']:10.1f} {r['s_round']:9.4f} {r['train_s_round']:11.4f}"
+            f" {r['e2e']:12.1f} {r['startup']:9.1f} {r['first']:12.3f}"
+        )
 
     best = min(results[:3], key=lambda r: r["s_round"])
     print(f"\nfedsim configuration used for the ratios: {best['name']}")
     if flower is not None:
         up = best["updates_s"] / flower["updates_s"]
         e2e = flower["e2e"] / best["e2e"]
-        print(f"  updates/s, fedsim / Flower (steady state) : {up:7.1f}x  target >= 40x  {'PASS' if up >= 40 else 'MISS'}")
-        print(f"  end to end, Flower / fedsim               : {e2e:7.1f}x  target >= 4x   {'PASS' if e2e >= 4 else 'MISS'}")
+        print(
+            f"  updates/s, fedsim / Flower (steady state) : {up:7.1f}x  target >= 40x  {'PASS' if up >= 40 else 'MISS'}"
+        )
+        print(
+            f"  end to end, Flower / fedsim               : {e2e:7.1f}x  target >= 4x   {'PASS' if e2e >= 4 else 'MISS'}"
+        )
     fl = best["s_round"] / func["s_round"]
-    print(f"  s/round, fedsim / torch.func floor        : {fl:7.2f}x  target <= 1.5x {'PASS' if fl <= 1.5 else 'MISS'}")
-    print(f"  (fedsim engine-only train time / floor    : {best['train_s_round'] / func['s_round']:7.2f}x;"
-          " the rest of a fedsim round is noise, server step and privacy accounting)")
+    print(
+        f"  s/round, fedsim / torch.func floor        : {fl:7.2f}x  target <= 1.5x {'PASS' if fl <= 1.5 else 'MISS'}"
+    )
+    print(
+        f"  (fedsim engine-only train time / floor    : {best['train_s_round'] / func['s_round']:7.2f}x;"
+        " the rest of a fedsim round is noise, server step and privacy accounting)"
+    )
     print(f"  s/round, plain loop floor / torch.func floor: {loop['s_round'] / func['s_round']:7.2f}x")
-    print(f"  s/round, fedsim LocalEngine (1 thread) / torch.func floor: {local['s_round'] / func['s_round']:7.2f}x"
-          " (same run_scenario loop, no Ray)")
+    print(
+        f"  s/round, fedsim LocalEngine (1 thread) / torch.func floor: {local['s_round'] / func['s_round']:7.2f}x"
+        " (same run_scenario loop, no Ray)"
+    )
     if not args.skip_flops:
         flops_report(w, data)
-    print(f"load average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew all figures)")
+    print(
+        f"load average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew all figures)"
+    )
     return 0
 
 

@@ -16,7 +16,6 @@ Figures: seconds per round of ``ClientTrainer.train`` (train, clip and sum a coh
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pickle
 import sys
@@ -44,7 +43,9 @@ def timed(fn, reps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="a pickled FederatedData (default: build the engine benchmark's population)")
+    p.add_argument(
+        "--data", help="a pickled FederatedData (default: build the engine benchmark's population)"
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-ray", action="store_true")
     args = p.parse_args(argv)
@@ -59,8 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from fedsim.data import build_federated_data
 
-        data = build_federated_data("mnist1d", num_clients=1000, partitioner="dirichlet", alpha=0.5,
-                                    heldout_fraction=0.0, num_samples=50_000, seed=0)
+        data = build_federated_data(
+            "mnist1d",
+            num_clients=1000,
+            partitioner="dirichlet",
+            alpha=0.5,
+            heldout_fraction=0.0,
+            num_samples=50_000,
+            seed=0,
+        )
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
     print(f"population: {data.num_clients} clients, input_dim {data.input_dim}")
     rng = np.random.default_rng(0)
@@ -70,11 +78,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def settings(model: str, vectorize: bool) -> TrainSettings:
         mk = {"hidden": [100]} if model == "mlp" else {}
-        return TrainSettings(model=model, model_kwargs=mk, local_epochs=1, batch_size=16, lr=0.1, seed=0,
-                             vectorize=vectorize)
+        return TrainSettings(
+            model=model, model_kwargs=mk, local_epochs=1, batch_size=16, lr=0.1, seed=0, vectorize=vectorize
+        )
 
-    print(f"\n{'model':6s} {'cohort':>6s} {'path':10s} {'CPU 1 thr':>10s} {'CPU all':>10s} {'CUDA':>10s}"
-          f" {'CPU1/CUDA':>9s}   (seconds per round: train + clip + sum)")
+    print(
+        f"\n{'model':6s} {'cohort':>6s} {'path':10s} {'CPU 1 thr':>10s} {'CPU all':>10s} {'CUDA':>10s}"
+        f" {'CPU1/CUDA':>9s}   (seconds per round: train + clip + sum)"
+    )
     for model in ("mlp", "cnn1d"):
         for cohort in (cohort100, ids):
             for vec in (False, True):
@@ -89,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                     row[(dev, nthreads)] = timed(lambda: tr.train(1, cohort, w, 1.0), args.reps)
                 torch.set_num_threads(threads)
                 c1, ca, g = row[("cpu", 1)], row[("cpu", threads)], row[("cuda", threads)]
-                print(f"{model:6s} {cohort.size:6d} {'vectorized' if vec else 'loop':10s} {c1:10.4f} {ca:10.4f}"
-                      f" {g:10.4f} {c1 / g:8.1f}x", flush=True)
+                print(
+                    f"{model:6s} {cohort.size:6d} {'vectorized' if vec else 'loop':10s} {c1:10.4f} {ca:10.4f}"
+                    f" {g:10.4f} {c1 / g:8.1f}x",
+                    flush=True,
+                )
 
     # achieved FLOP/s of cnn1d, vectorised on CUDA, 1,000 clients (useful FLOPs: a plain step's per-example FLOPs)
     from torch.utils.flop_counter import FlopCounterMode
@@ -111,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     tf = timed(lambda: torch.mm(a, b), 10)
     torch.backends.cuda.matmul.allow_tf32 = False
     peak = 2 * 8192**3 / tf
-    print(f"\ncnn1d vectorised on CUDA, {ids.size} clients, {examples} examples: {t:.4f} s/round,"
-          f" {per_example * examples / t / 1e9:.1f} GFLOP/s useful; fp32 matmul peak here {peak / 1e12:.1f} TFLOP/s"
-          " (tiny per-client GEMMs: launch- and bandwidth-bound, far from peak)")
+    print(
+        f"\ncnn1d vectorised on CUDA, {ids.size} clients, {examples} examples: {t:.4f} s/round,"
+        f" {per_example * examples / t / 1e9:.1f} GFLOP/s useful; fp32 matmul peak here {peak / 1e12:.1f} TFLOP/s"
+        " (tiny per-client GEMMs: launch- and bandwidth-bound, far from peak)"
+    )
 
     if not args.skip_ray:
         import ray
@@ -134,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
                 for cohort in (cohort100, ids):
                     Plan.cohort = cohort
                     t = timed(lambda: eng.train(Plan, w), args.reps)
-                    print(f"  {workers} actors x {gpus:4.2f} GPU ({','.join(devices)}), cohort {cohort.size:5d}:"
-                          f" {t:.4f} s/round", flush=True)
+                    print(
+                        f"  {workers} actors x {gpus:4.2f} GPU ({','.join(devices)}), cohort {cohort.size:5d}:"
+                        f" {t:.4f} s/round",
+                        flush=True,
+                    )
             finally:
                 eng.close()
             if ray.is_initialized():

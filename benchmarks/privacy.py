@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedsim.privacy import ACCOUNTANTS, Mechanism, compute_curve  # noqa: E402
+from fedsim.privacy import ACCOUNTANTS, Mechanism, compute_curve
 
 CLOSED_FORMS = ("igmm", "igmm-corrected", "dp-fl-thm8", "kairouz", "basic")
 
@@ -64,14 +64,18 @@ def main(argv=None) -> int:
         e = c.epsilon[-1]
         print(f"{m:<16}{sec:>10.4f}{target:>10.2f}{sec / target:>17.2f}x{e:>12.4g}")
     sec, c = timed(lambda: compute_curve(mech, T, delta, "pld"))
-    print(f"{'pld':<16}{sec:>10.4f}{'-':>10}{'-':>18}{c.epsilon[-1]:>12.4g}   ({int(c.exact.sum())} exact checkpoints)")
+    print(
+        f"{'pld':<16}{sec:>10.4f}{'-':>10}{'-':>18}{c.epsilon[-1]:>12.4g}   ({int(c.exact.sum())} exact checkpoints)"
+    )
     sec, c = timed(lambda: compute_curve(fixed, T, delta, "rdp"))
     print(f"{'rdp (fixed)':<16}{sec:>10.4f}{1.0:>10.2f}{sec:>17.2f}x{c.epsilon[-1]:>12.4g}")
 
     Tp = a.pld_rounds
     print(f"\n2. per-round PLD curve, T = {Tp}, against dp-accounting from scratch at every round")
     sec_curve, curve = timed(lambda: compute_curve(mech, Tp, delta, "pld"))
-    ts = np.arange(1, Tp + 1) if a.scratch_all else np.unique(np.linspace(1, Tp, a.scratch_sample).astype(int))
+    ts = (
+        np.arange(1, Tp + 1) if a.scratch_all else np.unique(np.linspace(1, Tp, a.scratch_sample).astype(int))
+    )
     ev = mech.to_dp_event()
     scratch = {}
     t0 = time.perf_counter()
@@ -83,11 +87,15 @@ def main(argv=None) -> int:
     diffs = np.array([curve.epsilon[t - 1] - scratch[t] for t in scratch])
     below = int((diffs < 0).sum())
     print(f"ours (per-round curve)      {sec_curve:8.3f} s   target < 10 s")
-    print(f"from scratch, every round   {sec_scratch:8.3f} s   ({'measured' if a.scratch_all else f'{per_round:.4f} s/round x {Tp}, from {len(ts)} sampled rounds'})")
+    print(
+        f"from scratch, every round   {sec_scratch:8.3f} s   ({'measured' if a.scratch_all else f'{per_round:.4f} s/round x {Tp}, from {len(ts)} sampled rounds'})"
+    )
     print(f"speed-up                    {sec_scratch / sec_curve:8.1f}x  target >= 20x")
-    print(f"rounds compared             {len(ts)}; ours below from-scratch at {below} of them; "
-          f"min(ours - scratch) = {diffs.min():.3g}, max = {diffs.max():.3g}, "
-          f"max relative = {np.max(diffs / np.array(list(scratch.values()))):.3%}")
+    print(
+        f"rounds compared             {len(ts)}; ours below from-scratch at {below} of them; "
+        f"min(ours - scratch) = {diffs.min():.3g}, max = {diffs.max():.3g}, "
+        f"max relative = {np.max(diffs / np.array(list(scratch.values()))):.3%}"
+    )
     print(f"eps(T): ours {curve.epsilon[-1]:.5f}, from scratch {scratch[Tp]:.5f}")
     return 0 if below == 0 else 1
 

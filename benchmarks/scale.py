@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from fedsim.env import set_offline_defaults  # noqa: E402 - light module, before flwr / ray
+from fedsim.env import set_offline_defaults
 
 set_offline_defaults(private_state=True, prefix="fedsim-scale-")
 
@@ -93,7 +93,7 @@ class TreeMemory:
             self.sample()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> TreeMemory:  # noqa: PYI034
+    def __enter__(self) -> TreeMemory:
         self._thread.start()
         return self
 
@@ -117,21 +117,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vectorize", action="store_true")
     args = p.parse_args(argv)
 
-    from fedsim.strategies import DPFedAvg
-
     from fedsim.data import build_federated_data
+    from fedsim.strategies import DPFedAvg
     from fedsim.training.trainer import TrainSettings, initial_weights
 
     mem = TreeMemory()
     with mem:
         t0 = time.perf_counter()
-        data = build_federated_data("synthetic", num_clients=args.clients, heldout_fraction=0.0,
-                                    synthetic_alpha=1, synthetic_beta=1)
+        data = build_federated_data(
+            "synthetic", num_clients=args.clients, heldout_fraction=0.0, synthetic_alpha=1, synthetic_beta=1
+        )
         train_ids = np.asarray(data.train_clients)
-        settings = TrainSettings(model=args.model, model_kwargs={"hidden": [32]} if args.model == "mlp" else {},
-                                 local_epochs=1, batch_size=16, lr=0.05, seed=0, vectorize=args.vectorize)
-        strategy = DPFedAvg(sampling="poisson", clients_per_round=args.per_round, clip=1.0, noise_multiplier=1.0,
-                            seed=0, population=int(train_ids.size))
+        settings = TrainSettings(
+            model=args.model,
+            model_kwargs={"hidden": [32]} if args.model == "mlp" else {},
+            local_epochs=1,
+            batch_size=16,
+            lr=0.05,
+            seed=0,
+            vectorize=args.vectorize,
+        )
+        strategy = DPFedAvg(
+            sampling="poisson",
+            clients_per_round=args.per_round,
+            clip=1.0,
+            noise_multiplier=1.0,
+            seed=0,
+            population=int(train_ids.size),
+        )
         weights = initial_weights(settings, data.input_dim, data.num_classes)
         t_data = time.perf_counter() - t0
         if args.engine == "ray":
@@ -143,14 +156,21 @@ def main(argv: list[str] | None = None) -> int:
 
             engine = LocalEngine(data, settings, device="cpu")
         t_engine = time.perf_counter() - t0 - t_data
-        print(f"population {data.num_clients:,} synthetic(1,1) clients, dim {data.input_dim}, model {args.model} "
-              f"({weights.size} parameters), engine {args.engine}"
-              + (f" ({args.workers} workers x 1 CPU)" if args.engine == "ray" else "")
-              + f", vectorize={args.vectorize}")
-        print(f"set-up: data + strategy {t_data:.2f} s, engine start {t_engine:.2f} s, "
-              f"tree RSS now {gb(mem.sample()):.2f} GB", flush=True)
-        print(f"{'round':>5s} {'cohort':>6s} {'examples':>9s} {'sample s':>8s} {'train s':>8s} {'finish s':>8s} "
-              f"{'round s':>8s} {'tree RSS GB':>11s} {'epsilon':>8s}")
+        print(
+            f"population {data.num_clients:,} synthetic(1,1) clients, dim {data.input_dim}, model {args.model} "
+            f"({weights.size} parameters), engine {args.engine}"
+            + (f" ({args.workers} workers x 1 CPU)" if args.engine == "ray" else "")
+            + f", vectorize={args.vectorize}"
+        )
+        print(
+            f"set-up: data + strategy {t_data:.2f} s, engine start {t_engine:.2f} s, "
+            f"tree RSS now {gb(mem.sample()):.2f} GB",
+            flush=True,
+        )
+        print(
+            f"{'round':>5s} {'cohort':>6s} {'examples':>9s} {'sample s':>8s} {'train s':>8s} {'finish s':>8s} "
+            f"{'round s':>8s} {'tree RSS GB':>11s} {'epsilon':>8s}"
+        )
         times = []
         try:
             for t in range(1, args.rounds + 1):
@@ -163,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
                 d = time.perf_counter()
                 times.append(d - a)
                 examples = sum(int(x["num_examples"]) for x in metrics)
-                print(f"{t:5d} {plan.cohort.size:6d} {examples:9d} {b - a:8.3f} {c - b:8.3f} {d - c:8.3f} "
-                      f"{d - a:8.3f} {gb(mem.sample()):11.2f} {m['epsilon']:8.4f}", flush=True)
+                print(
+                    f"{t:5d} {plan.cohort.size:6d} {examples:9d} {b - a:8.3f} {c - b:8.3f} {d - c:8.3f} "
+                    f"{d - a:8.3f} {gb(mem.sample()):11.2f} {m['epsilon']:8.4f}",
+                    flush=True,
+                )
         finally:
             hwm_sum = sum(mem.hwm_kb.values())
             nproc = len(mem.hwm_kb)
@@ -174,10 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     peak = gb(mem.peak_kb)
     print(f"rounds: mean {np.mean(times):.3f} s/round, total {sum(times):.2f} s; end to end {total:.2f} s")
-    print(f"peak resident memory, process tree (sampled sum of RSS, {nproc} processes seen): {peak:.2f} GB "
-          f"vs target {TARGET_GB:.0f} GB -> {'PASS' if peak <= TARGET_GB else 'MISS'}")
-    print(f"  sum of per-process peaks (VmHWM, upper bound): {gb(hwm_sum):.2f} GB; "
-          f"ru_maxrss self {gb(self_kb):.2f} GB, largest waited-for child {gb(child_kb):.2f} GB")
+    print(
+        f"peak resident memory, process tree (sampled sum of RSS, {nproc} processes seen): {peak:.2f} GB "
+        f"vs target {TARGET_GB:.0f} GB -> {'PASS' if peak <= TARGET_GB else 'MISS'}"
+    )
+    print(
+        f"  sum of per-process peaks (VmHWM, upper bound): {gb(hwm_sum):.2f} GB; "
+        f"ru_maxrss self {gb(self_kb):.2f} GB, largest waited-for child {gb(child_kb):.2f} GB"
+    )
     return 0
 
 

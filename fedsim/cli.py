@@ -53,8 +53,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
     progress = Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, transient=True, disable=args.no_progress,
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=args.no_progress,
     )
     task = progress.add_task("starting engine", total=scenario.rounds)
 
@@ -90,7 +95,9 @@ def _print_summary(console: Any, result: Any) -> None:
     last = rows[-1]
     gen = last.get("generalization", {})
     t = result.timings
-    parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s")
+    parts = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s"
+    )
     console.print(f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts})")
     diag = last.get("non_private", {})
     if last.get("heldout_accuracy") is not None:
@@ -108,7 +115,9 @@ def _print_summary(console: Any, result: Any) -> None:
         audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
         for method, verdict in audit.get("verdicts", {}).items():
             console.print(f"audit {method}: {verdict}")
-    console.print(f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}")
+    console.print(
+        f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}"
+    )
     if result.run_dir:
         console.print(f"run directory: {result.run_dir}")
 
@@ -122,7 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario end to end")
     run.add_argument("scenario", help="a shipped scenario name (see `fedsim scenarios`) or a .toml path")
     run.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario value, e.g. --set rounds=5 --set privacy.noise_multiplier=0.8",
     )
     run.add_argument("--out", default=None, help="run directory (default: a fresh runs/<time>-<name>)")

@@ -72,8 +72,10 @@ def build_data(scenario: Scenario) -> Any:
         )
     except ValueError as exc:  # name the scenario's keys, not the data layer's
         msg = str(exc)
-        for inner, outer in (("num_classes_per_partition", "data.classes_per_client"),
-                             ("num_shards_per_partition", "data.shards_per_client")):
+        for inner, outer in (
+            ("num_classes_per_partition", "data.classes_per_client"),
+            ("num_shards_per_partition", "data.shards_per_client"),
+        ):
             msg = msg.replace(inner, outer)
         raise ValueError(msg) from None
 
@@ -95,8 +97,11 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
             raise ValueError("agnostic.enabled needs the scenario's data (client domains)")
         cls = DPAgnosticFedAvg
         extra = dict(
-            client_domains=data.domain, num_domains=data.num_domains, lambda_lr=a.lambda_lr,
-            loss_noise_multiplier=a.loss_noise_multiplier, loss_bound=math.log(data.num_classes),
+            client_domains=data.domain,
+            num_domains=data.num_domains,
+            lambda_lr=a.lambda_lr,
+            loss_noise_multiplier=a.loss_noise_multiplier,
+            loss_bound=math.log(data.num_classes),
         )
     return cls(
         sampling=p.sampling,
@@ -122,4 +127,6 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     data = build_data(scenario) if data is None else data
     settings = TrainSettings.from_scenario(scenario)
     strategy = build_strategy(scenario, None, data)
-    return Experiment(scenario, data, settings, strategy, initial_weights(settings, data.input_dim, data.num_classes))
+    return Experiment(
+        scenario, data, settings, strategy, initial_weights(settings, data.input_dim, data.num_classes)
+    )

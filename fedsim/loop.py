@@ -103,7 +103,9 @@ def run_rounds(
         pending = None
         row["epsilon"] = strategy.history[row.pop("round_index")]["epsilon"] = float(future.result())
         fallback = getattr(strategy.ledger, "pld_fallback", None)
-        if row["accountant"] == "pld" and fallback:  # PLD would not fit in memory: a valid, looser RDP epsilon
+        if (
+            row["accountant"] == "pld" and fallback
+        ):  # PLD would not fit in memory: a valid, looser RDP epsilon
             row["accountant_used"] = "rdp"
             row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
         row.update(privacy_columns(row["round"], row["epsilon"], bounds, delta, population))
@@ -142,7 +144,9 @@ def run_rounds(
                 diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
                 # which implementation trained the cohort (loop, vectorized, native-cnn1d): the fused kernel
                 # and PyTorch agree to float rounding per round, not bit for bit
-                row["local_training"] = ",".join(sorted({str(c.get("trainer", "unknown")) for c in client_metrics}))
+                row["local_training"] = ",".join(
+                    sorted({str(c.get("trainer", "unknown")) for c in client_metrics})
+                )
             pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
                 held = engine.evaluate(heldout_ids, weights) if server_eval and heldout_ids.size else None
@@ -156,12 +160,13 @@ def run_rounds(
         if pending is not None:  # an error in round t+1 must not cost round t its row
             try:
                 settle()
-            except Exception:  # noqa: BLE001 - the original error is the one to raise
+            except Exception:
                 pass
         accountant.shutdown(wait=True)
         timings["rounds_s"] = time.perf_counter() - t_rounds
-        timings["total_s"] = timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (
-            time.perf_counter() - t0)
+        timings["total_s"] = (
+            timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (time.perf_counter() - t0)
+        )
         result = RunResult(writer.path if writer else None, rows, weights, strategy, stopped, timings)
         if writer:
             writer.close()

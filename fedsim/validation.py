@@ -80,27 +80,35 @@ def cohort(
             cpr = int(cpr)
         upper = "" if population is None else f", population={population}"
         if not is_int(cpr) or cpr < 1 or (population is not None and cpr > population):
-            raise PrivacyInputError("clients_per_round", clients_per_round, f"must be an integer in [1{upper}]")
+            raise PrivacyInputError(
+                "clients_per_round", clients_per_round, f"must be an integer in [1{upper}]"
+            )
     if sampling in ("poisson", "fixed"):
         if (rate is None) == (cpr is None):
             raise PrivacyInputError(
-                "sampling_rate/clients_per_round", (sampling_rate, clients_per_round),
+                "sampling_rate/clients_per_round",
+                (sampling_rate, clients_per_round),
                 f"give exactly one of the two for sampling={sampling!r}",
             )
         if sampling == "fixed" and rate is not None and population is not None:
             tau = rate * population
             if abs(tau - round(tau)) > 1e-9 * max(1.0, tau) or round(tau) < 1:
                 raise PrivacyInputError(
-                    "sampling_rate", sampling_rate,
+                    "sampling_rate",
+                    sampling_rate,
                     f"for fixed-size sampling rate*population must be a whole number of clients >= 1 (got {tau:g}); "
                     "give clients_per_round instead",
                 )
     elif sampling == "all":
         if rate is not None and rate != 1.0:
-            raise PrivacyInputError("sampling_rate", sampling_rate, "must be omitted (or 1) for sampling='all'")
+            raise PrivacyInputError(
+                "sampling_rate", sampling_rate, "must be omitted (or 1) for sampling='all'"
+            )
         if cpr is not None and population is not None and cpr != population:
             raise PrivacyInputError(
-                "clients_per_round", cpr, f"must be omitted (or equal population={population}) for sampling='all'"
+                "clients_per_round",
+                cpr,
+                f"must be omitted (or equal population={population}) for sampling='all'",
             )
         if cpr is not None and population is None:
             raise PrivacyInputError("clients_per_round", cpr, "must be omitted for sampling='all'")

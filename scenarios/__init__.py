@@ -3,4 +3,11 @@
 from .loader import ScenarioError, available_scenarios, load_scenario, parse_override, scenario_to_toml
 from .schema import Scenario
 
-__all__ = ["Scenario", "ScenarioError", "available_scenarios", "load_scenario", "parse_override", "scenario_to_toml"]
+__all__ = [
+    "Scenario",
+    "ScenarioError",
+    "available_scenarios",
+    "load_scenario",
+    "parse_override",
+    "scenario_to_toml",
+]

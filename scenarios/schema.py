@@ -48,15 +48,23 @@ class DataConfig(_Section):
     domains: list[float] | int | None = Field(
         None, description="agnostic FL: number of equal domains, or the fraction of clients in each"
     )
-    domain_shift: float | None = Field(None, ge=0, description="domains: feature shift of domain k (x feature std)")
-    domain_noise: float | None = Field(None, ge=0, description="domains: per-example feature noise growing with k")
+    domain_shift: float | None = Field(
+        None, ge=0, description="domains: feature shift of domain k (x feature std)"
+    )
+    domain_noise: float | None = Field(
+        None, ge=0, description="domains: per-example feature noise growing with k"
+    )
     domain_label_swaps: int | None = Field(
-        None, ge=0, description="domains: pairs of classes whose labels are exchanged in every domain after the first"
+        None,
+        ge=0,
+        description="domains: pairs of classes whose labels are exchanged in every domain after the first",
     )
     num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
     synthetic_alpha: float = Field(1.0, ge=0)
     synthetic_beta: float = Field(1.0, ge=0)
-    synthetic_iid: bool | None = Field(None, description="synthetic: one shared labelling model (Synthetic-IID)")
+    synthetic_iid: bool | None = Field(
+        None, description="synthetic: one shared labelling model (Synthetic-IID)"
+    )
     synthetic_min_samples: int | None = Field(None, ge=1, description="synthetic: fewest examples per client")
     synthetic_max_samples: int | None = Field(None, ge=1, description="synthetic: most examples per client")
 
@@ -95,7 +103,9 @@ class PrivacyConfig(_Section):
     target_quantile: float = Field(0.5, gt=0, lt=1)
     clip_lr: float = Field(0.2, gt=0, description="adaptive clipping: geometric step size eta_C")
     count_noise_multiplier: float | None = Field(
-        None, gt=0, description="adaptive clipping: noise std of the clipped-count release (default: clients/20)"
+        None,
+        gt=0,
+        description="adaptive clipping: noise std of the clipped-count release (default: clients/20)",
     )
 
     @model_validator(mode="after")
@@ -125,7 +135,9 @@ class EngineConfig(_Section):
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     ray_address: str | None = Field(None, description="connect to an existing Ray cluster (e.g. 'auto')")
-    vectorize: bool = Field(False, description="train a worker's clients together with torch.func (small models)")
+    vectorize: bool = Field(
+        False, description="train a worker's clients together with torch.func (small models)"
+    )
     eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
 
 

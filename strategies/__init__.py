@@ -7,8 +7,15 @@ fedsim's engines drive the same objects through ``begin_round`` / ``finish_round
 from .dpfedavg import AdaptiveClipping, BudgetExhausted, DPFedAvg, RoundPlan
 from .server_opt import SERVER_OPTIMIZERS, ServerOptimizer
 
-__all__ = ["AdaptiveClipping", "BudgetExhausted", "DPFedAvg", "RoundPlan", "SERVER_OPTIMIZERS", "ServerOptimizer"]
+__all__ = [
+    "SERVER_OPTIMIZERS",
+    "AdaptiveClipping",
+    "BudgetExhausted",
+    "DPFedAvg",
+    "RoundPlan",
+    "ServerOptimizer",
+]
 
-from .agnostic import DPAgnosticFedAvg, project_to_simplex  # noqa: E402
+from .agnostic import DPAgnosticFedAvg, project_to_simplex
 
 __all__ += ["DPAgnosticFedAvg", "project_to_simplex"]

@@ -81,7 +81,9 @@ class DPAgnosticFedAvg(DPFedAvg):
         **kwargs: Any,
     ) -> None:
         if kwargs.get("noise_placement", "central") != "central":
-            raise ValueError("DPAgnosticFedAvg supports noise_placement='central' only (the weights are per client)")
+            raise ValueError(
+                "DPAgnosticFedAvg supports noise_placement='central' only (the weights are per client)"
+            )
         if kwargs.get("adaptive_clipping") is not None:
             raise ValueError("DPAgnosticFedAvg does not combine with adaptive clipping yet; use a fixed clip")
         super().__init__(**kwargs)
@@ -91,15 +93,23 @@ class DPAgnosticFedAvg(DPFedAvg):
         loss_noise_multiplier = positive_finite("loss_noise_multiplier", loss_noise_multiplier)
         loss_bound = positive_finite("loss_bound", loss_bound)
         self.num_domains = int(num_domains)
-        self._domain_of = client_domains.__getitem__ if isinstance(client_domains, Mapping) else client_domains
+        self._domain_of = (
+            client_domains.__getitem__ if isinstance(client_domains, Mapping) else client_domains
+        )
         self.lambda_lr = float(lambda_lr)
         self.loss_noise_multiplier = float(loss_noise_multiplier)
         self.loss_bound = float(loss_bound)
         self.lam: np.ndarray | None = None
         if initial_lambda is not None:
             lam = np.asarray(list(initial_lambda), dtype=np.float64)
-            if lam.shape != (self.num_domains,) or np.any(lam < 0) or not math.isclose(lam.sum(), 1.0, rel_tol=1e-9):
-                raise ValueError(f"initial_lambda must be {self.num_domains} non-negative numbers summing to 1")
+            if (
+                lam.shape != (self.num_domains,)
+                or np.any(lam < 0)
+                or not math.isclose(lam.sum(), 1.0, rel_tol=1e-9)
+            ):
+                raise ValueError(
+                    f"initial_lambda must be {self.num_domains} non-negative numbers summing to 1"
+                )
             self.lam = lam
         self._domain_sizes: np.ndarray | None = None
 
@@ -155,7 +165,9 @@ class DPAgnosticFedAvg(DPFedAvg):
     def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
         assert self.lam is not None
         sums = partial.extras.get("domain_loss", np.zeros(self.num_domains))
-        noised = sums + self.noise.normal(plan.round, STREAM_LOSS_NOISE, self.loss_noise_multiplier, self.num_domains)
+        noised = sums + self.noise.normal(
+            plan.round, STREAM_LOSS_NOISE, self.loss_noise_multiplier, self.num_domains
+        )
         est = noised / self._expected_per_domain(plan.mechanism)
         metrics["lambda_used"] = self.lam.tolist()
         metrics["weight_scale"] = self._weight_scale(plan)

@@ -180,8 +180,10 @@ class DPFedAvg(Strategy):
             raise PrivacyInputError("fraction_evaluate", fraction_evaluate, "must be in [0, 1]")
         if fraction_evaluate > 0 and not diagnostics:
             raise PrivacyInputError(
-                "fraction_evaluate", fraction_evaluate, "asks clients for un-noised evaluation metrics that "
-                "epsilon does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0"
+                "fraction_evaluate",
+                fraction_evaluate,
+                "asks clients for un-noised evaluation metrics that "
+                "epsilon does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0",
             )
         self.sampling = sampling
         self.sampling_rate = sampling_rate
@@ -258,12 +260,19 @@ class DPFedAvg(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must save to continue this strategy: sampler and noise-source state, the clip, the
         server optimizer's state and the ledger."""
-        return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(), "clip": self.clip,
-                "server_optimizer": self.server_optimizer.state_dict(), "ledger": self.ledger.to_dict()}
+        return {
+            "sampler": self.sampler.state_dict(),
+            "noise": self.noise.state_dict(),
+            "clip": self.clip,
+            "server_optimizer": self.server_optimizer.state_dict(),
+            "ledger": self.ledger.to_dict(),
+        }
 
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
-        return float(self.ledger.epsilon(delta=self.delta, method=self.accountant)) if len(self.ledger) else 0.0
+        return (
+            float(self.ledger.epsilon(delta=self.delta, method=self.accountant)) if len(self.ledger) else 0.0
+        )
 
     # ------------------------------------------------------------------ engine-facing API
     def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
@@ -281,26 +290,43 @@ class DPFedAvg(Strategy):
             )
         model = self.mechanism(population)
         releases = self.round_releases(model)
-        if self.max_epsilon is not None:
-            if self.ledger.would_exceed(
-                model, self.max_epsilon, self.delta, method=self.accountant, releases=[m for _, m in releases[1:]]
-            ):
-                raise BudgetExhausted(
-                    f"stopping before round {server_round}: releasing it would take the certified epsilon "
-                    f"above max_epsilon={self.max_epsilon} at delta={self.delta} ({self.accountant}); "
-                    f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
-                )
+        if self.max_epsilon is not None and self.ledger.would_exceed(
+            model,
+            self.max_epsilon,
+            self.delta,
+            method=self.accountant,
+            releases=[m for _, m in releases[1:]],
+        ):
+            raise BudgetExhausted(
+                f"stopping before round {server_round}: releasing it would take the certified epsilon "
+                f"above max_epsilon={self.max_epsilon} at delta={self.delta} ({self.accountant}); "
+                f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
+            )
         cohort = self.sampler.sample(server_round, ids, model)
         share, count_share = 0.0, 0.0
         if self.noise_placement == "distributed":
             share = noise_share_std(self.noise_multiplier, self.clip, cohort.size)
             if self.adaptive_clipping is not None:
                 count_share = noise_share_std(self._count_noise_multiplier(model), 1.0, cohort.size)
-        return RoundPlan(server_round, cohort, population, self.clip, model, share, releases,
-                         noise_seed=self.seed, count_share_std=count_share)
+        return RoundPlan(
+            server_round,
+            cohort,
+            population,
+            self.clip,
+            model,
+            share,
+            releases,
+            noise_seed=self.seed,
+            count_share_std=count_share,
+        )
 
     def finish_round(
-        self, plan: RoundPlan, weights: np.ndarray, partial: PartialSum, missing: int = 0, account: bool = True
+        self,
+        plan: RoundPlan,
+        weights: np.ndarray,
+        partial: PartialSum,
+        missing: int = 0,
+        account: bool = True,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """Noise, average, apply the server optimizer, adapt the clip, record the releases.
 
@@ -361,7 +387,9 @@ class DPFedAvg(Strategy):
             if self.noise_placement == "distributed" and plan.cohort.size:
                 # the clients' noised bits, plus the shares of the clients whose bit did not arrive
                 missing = max(int(plan.cohort.size) - partial.count_shares, 0)
-                noisy = partial.unclipped_noised + rng.normal(0.0, z_b * math.sqrt(missing / plan.cohort.size))
+                noisy = partial.unclipped_noised + rng.normal(
+                    0.0, z_b * math.sqrt(missing / plan.cohort.size)
+                )
             else:
                 noisy = partial.unclipped + rng.normal(0.0, z_b)
             frac = noisy / model.expected_cohort
@@ -372,12 +400,28 @@ class DPFedAvg(Strategy):
     # ------------------------------------------------------------------ Flower Message API
     def summary(self) -> None:
         log(INFO, "\t├── DPFedAvg (client-level DP)")
-        log(INFO, "\t│\t├── sampling: %s (rate=%s, clients_per_round=%s)", self.sampling,
-            self.sampling_rate, self.clients_per_round)
-        log(INFO, "\t│\t├── clip: %s%s, noise multiplier: %s, noise: %s", self.clip,
-            " (adaptive)" if self.adaptive_clipping else "", self.noise_multiplier, self.noise_placement)
-        log(INFO, "\t│\t└── accountant: %s at delta=%s, max_epsilon=%s", self.accountant, self.delta,
-            self.max_epsilon)
+        log(
+            INFO,
+            "\t│\t├── sampling: %s (rate=%s, clients_per_round=%s)",
+            self.sampling,
+            self.sampling_rate,
+            self.clients_per_round,
+        )
+        log(
+            INFO,
+            "\t│\t├── clip: %s%s, noise multiplier: %s, noise: %s",
+            self.clip,
+            " (adaptive)" if self.adaptive_clipping else "",
+            self.noise_multiplier,
+            self.noise_placement,
+        )
+        log(
+            INFO,
+            "\t│\t└── accountant: %s at delta=%s, max_epsilon=%s",
+            self.accountant,
+            self.delta,
+            self.max_epsilon,
+        )
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -396,8 +440,13 @@ class DPFedAvg(Strategy):
         self._node_to_client = dict(getattr(grid, "node_to_client", {}) or {})
         self._pending = (plan, arrays)
         if self.diagnostics:  # the realised cohort size is not covered by epsilon
-            log(INFO, "configure_train: sampled %d of %d nodes (%s) [non-private diagnostic]", plan.cohort.size,
-                plan.population, self.sampling)
+            log(
+                INFO,
+                "configure_train: sampled %d of %d nodes (%s) [non-private diagnostic]",
+                plan.cohort.size,
+                plan.population,
+                self.sampling,
+            )
         return protocol.train_messages(plan, arrays, config)
 
     def aggregate_train(
@@ -418,12 +467,21 @@ class DPFedAvg(Strategy):
         (prefixed ``non_private.``) only with ``diagnostics=True``."""
         out = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         if self.diagnostics:
-            out.update({f"{NON_PRIVATE}.{k}": v for k, v in metrics.get(NON_PRIVATE, {}).items()
-                        if isinstance(v, int | float) and not isinstance(v, bool)})
+            out.update(
+                {
+                    f"{NON_PRIVATE}.{k}": v
+                    for k, v in metrics.get(NON_PRIVATE, {}).items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                }
+            )
         return out
 
     def collect_replies(
-        self, plan: RoundPlan, weights: np.ndarray, like: ArrayRecord, replies: Iterable[Message],
+        self,
+        plan: RoundPlan,
+        weights: np.ndarray,
+        like: ArrayRecord,
+        replies: Iterable[Message],
         node_to_client: dict[int, int],
     ) -> PartialSum:
         """The round's partial sum from Flower replies: each valid reply through :meth:`accept_reply`, an error
@@ -478,7 +536,9 @@ class DPFedAvg(Strategy):
         config = ConfigRecord(dict(config))
         config[protocol.CFG_ROUND] = server_round
         record = RecordDict({"arrays": arrays, "config": config})
-        return [Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=int(n)) for n in chosen]
+        return [
+            Message(content=record, message_type=MessageType.EVALUATE, dst_node_id=int(n)) for n in chosen
+        ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         totals: dict[str, float] = {}

@@ -14,7 +14,12 @@ class ServerOptimizer:
     """``sgd``: w += lr*u; ``momentum``: v = m*v + u, w += lr*v; ``adam``: FedAdam with denominator eps."""
 
     def __init__(
-        self, name: str = "sgd", lr: float = 1.0, momentum: float = 0.9, beta2: float = 0.99, eps: float = 1e-3
+        self,
+        name: str = "sgd",
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        beta2: float = 0.99,
+        eps: float = 1e-3,
     ) -> None:
         if name not in SERVER_OPTIMIZERS:
             raise ValueError(f"server optimizer must be one of {', '.join(SERVER_OPTIMIZERS)}; got {name!r}")

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"fedsim": ROOT / "fedsim", "fedsim.strategies": ROOT / "strategies", "fedsim.scenarios": ROOT / "scenarios"}
+PACKAGES = {
+    "fedsim": ROOT / "fedsim",
+    "fedsim.strategies": ROOT / "strategies",
+    "fedsim.scenarios": ROOT / "scenarios",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -64,9 +68,9 @@ def test_packages_import_each_other_in_no_circle():
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycle.extend(stack[stack.index(nxt):] + [node, nxt] if nxt in stack else [node, nxt])
+                cycle.extend([*stack[stack.index(nxt) :], node, nxt] if nxt in stack else [node, nxt])
                 return True
-            if state.get(nxt) is None and visit(nxt, stack + [node]):
+            if state.get(nxt) is None and visit(nxt, [*stack, node]):
                 return True
         state[node] = 2
         return False
@@ -79,10 +83,23 @@ def test_packages_import_each_other_in_no_circle():
 
 def test_the_layers_point_down():
     graph = _package_graph()
-    low = {"fedsim.validation", "fedsim.round", "fedsim.privacy", "fedsim.data", "fedsim.models", "fedsim.training"}
+    low = {
+        "fedsim.validation",
+        "fedsim.round",
+        "fedsim.privacy",
+        "fedsim.data",
+        "fedsim.models",
+        "fedsim.training",
+    }
     for pkg in low:
-        up = graph.get(pkg, set()) & {"fedsim.loop", "fedsim.engine", "fedsim.apps", "fedsim.cli", "fedsim.experiment",
-                                      "fedsim.strategies"}
+        up = graph.get(pkg, set()) & {
+            "fedsim.loop",
+            "fedsim.engine",
+            "fedsim.apps",
+            "fedsim.cli",
+            "fedsim.experiment",
+            "fedsim.strategies",
+        }
         assert not up, f"{pkg} imports the layers above it: {sorted(up)}"
     assert "fedsim.strategies" not in graph.get("fedsim.flower", set())
 
@@ -111,11 +128,16 @@ def test_schema_choices_are_the_registries():
     assert set(_choices(schema.EngineConfig, "name")) == set(ENGINES)
 
 
-@pytest.mark.parametrize("overrides, api", [
-    (["privacy.sampling=poisson", "privacy.clients_per_round=5"], dict(sampling="poisson", sampling_rate=0.2,
-                                                                     clients_per_round=5)),
-    (["privacy.sampling=all", "privacy.sampling_rate=0.5"], dict(sampling="all", sampling_rate=0.5)),
-])
+@pytest.mark.parametrize(
+    "overrides, api",
+    [
+        (
+            ["privacy.sampling=poisson", "privacy.clients_per_round=5"],
+            dict(sampling="poisson", sampling_rate=0.2, clients_per_round=5),
+        ),
+        (["privacy.sampling=all", "privacy.sampling_rate=0.5"], dict(sampling="all", sampling_rate=0.5)),
+    ],
+)
 def test_a_bad_cohort_gets_the_same_message_from_a_scenario_and_the_library(overrides, api):
     from fedsim.privacy import Mechanism, PrivacyInputError
     from fedsim.scenarios import ScenarioError, load_scenario

@@ -49,7 +49,9 @@ def _client_id(data, context: Context) -> int:
         ) from None
     train = np.asarray(data.train_clients)
     if not 0 <= pid < train.size:
-        raise ValueError(f"partition-id={pid} is outside 0..{train.size - 1} (training clients of the scenario)")
+        raise ValueError(
+            f"partition-id={pid} is outside 0..{train.size - 1} (training clients of the scenario)"
+        )
     return int(train[pid])
 
 
@@ -73,7 +75,7 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        scenario, data, trainer = load_for_run(_config(context))
+        _scenario, data, trainer = load_for_run(_config(context))
         cid = _client_id(data, context)
         config = next(iter(msg.content.config_records.values()))
         server_round = int(config.get(CFG_ROUND, 0))
@@ -85,8 +87,13 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             # distributed noise: the trainer clips and adds this client's share before the update leaves it
             count_share = float(config.get(CFG_COUNT_NOISE_STD, 0.0))
             partial, _ = trainer.train(
-                server_round, [cid], flat, float(config[CFG_CLIP]), share_std,
-                noise_seed=noise_seed, count_share_std=count_share,
+                server_round,
+                [cid],
+                flat,
+                float(config[CFG_CLIP]),
+                share_std,
+                noise_seed=noise_seed,
+                count_share_std=count_share,
             )
             if partial.rejected:
                 raise ValueError(f"client {cid}: local training produced a non-finite update")
@@ -102,7 +109,9 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
         # echo the server's array names so the reply matches the global model key for key
         new = model_arrays(trainer, flat + update).values()
         reply_arrays = ArrayRecord(
-            array_dict={k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)}
+            array_dict={
+                k: Array(np.ascontiguousarray(a)) for k, a in zip(global_arrays.keys(), new, strict=True)
+            }
         )
         content = RecordDict({"arrays": reply_arrays})
         if extra:
@@ -115,7 +124,9 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
         cid = _client_id(data, context)
         _, flat = _global(msg)
         _, n, loss_sum, correct = trainer.evaluate([cid], flat)[0]
-        out = MetricRecord({"num-examples": int(n), "loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)})
+        out = MetricRecord(
+            {"num-examples": int(n), "loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)}
+        )
         return Message(RecordDict({"metrics": out}), reply_to=msg)
 
     @app.query("fedsim_identity")

@@ -30,7 +30,6 @@ from fedsim.round import unflatten
 from fedsim.scenarios import load_scenario
 from fedsim.training.trainer import ClientTrainer, TrainSettings
 
-
 ENV_SCENARIO = "FEDSIM_SCENARIO"
 ENV_OVERRIDES = "FEDSIM_OVERRIDES"
 DEFAULT_SCENARIO = "quickstart"
@@ -72,4 +71,6 @@ def model_arrays(trainer: Any, flat: np.ndarray) -> dict[str, np.ndarray]:
 
 def model_record(trainer: Any, flat: np.ndarray) -> ArrayRecord:
     """:func:`model_arrays` as the ArrayRecord the ServerApp sends (and the layout replies must match)."""
-    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in model_arrays(trainer, flat).items()})
+    return ArrayRecord(
+        array_dict={k: Array(np.ascontiguousarray(v)) for k, v in model_arrays(trainer, flat).items()}
+    )

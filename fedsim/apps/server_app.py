@@ -68,9 +68,19 @@ def run_on_grid(
 ) -> RunResult:
     """The round loop with Flower nodes as the engine; ``trainer`` evaluates on the server's data."""
     ids_grid = ClientIdGrid(grid, min_nodes=min_nodes, connect_timeout=connect_timeout)
-    engine = GridEngine(ids_grid, exp.strategy, model_record(trainer, exp.initial_weights), evaluator=trainer.evaluate)
-    return run_rounds(exp, engine, writer=writer, on_row=on_row, diagnostics=diagnostics, server_eval=server_eval,
-                      available=engine.available, timings=timings)
+    engine = GridEngine(
+        ids_grid, exp.strategy, model_record(trainer, exp.initial_weights), evaluator=trainer.evaluate
+    )
+    return run_rounds(
+        exp,
+        engine,
+        writer=writer,
+        on_row=on_row,
+        diagnostics=diagnostics,
+        server_eval=server_eval,
+        available=engine.available,
+        timings=timings,
+    )
 
 
 @app.main()
@@ -78,8 +88,12 @@ def main(grid: Grid, context: Context) -> None:
     cfg = dict(context.run_config)
     scenario, data, trainer = load_for_run(cfg)
     if scenario.privacy.randomness != "os-entropy":
-        log(INFO, "deployment: privacy.randomness=%r replaced by 'os-entropy' (the seed never drives the "
-            "cohort or the noise of a deployed run)", scenario.privacy.randomness)
+        log(
+            INFO,
+            "deployment: privacy.randomness=%r replaced by 'os-entropy' (the seed never drives the "
+            "cohort or the noise of a deployed run)",
+            scenario.privacy.randomness,
+        )
     scenario = scenario.model_copy(deep=True)
     scenario.privacy.randomness = "os-entropy"
     exp = build_experiment(scenario, data)
@@ -90,8 +104,11 @@ def main(grid: Grid, context: Context) -> None:
     diagnostics = _flag(cfg, "diagnostics", False)
     strategy.diagnostics = diagnostics
     if diagnostics:
-        log(WARNING, "diagnostics=true: exact cohort and reply counts, un-noised update-norm statistics and "
-            "training-client metrics will be logged and written; epsilon does NOT cover them")
+        log(
+            WARNING,
+            "diagnostics=true: exact cohort and reply counts, un-noised update-norm statistics and "
+            "training-client metrics will be logged and written; epsilon does NOT cover them",
+        )
 
     writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
     writer.write_text("config.toml", scenario_to_toml(scenario))
@@ -99,19 +116,45 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "run directory (on the server): %s", writer.path)
 
     def on_row(row: dict[str, Any]) -> None:
-        log(INFO, "round %d: certified epsilon %.4f (delta=%g)%s", row["round"], row["epsilon"], row["delta"],
-            f", held-out acc {row['heldout_accuracy']:.3f}" if row.get("heldout_accuracy") is not None else "")
+        log(
+            INFO,
+            "round %d: certified epsilon %.4f (delta=%g)%s",
+            row["round"],
+            row["epsilon"],
+            row["delta"],
+            f", held-out acc {row['heldout_accuracy']:.3f}"
+            if row.get("heldout_accuracy") is not None
+            else "",
+        )
         if diagnostics:
-            log(INFO, "round %d [non-private diagnostics]: %s", row["round"],
-                {k: v for k, v in row.get("non_private", {}).items() if isinstance(v, int | float)})
+            log(
+                INFO,
+                "round %d [non-private diagnostics]: %s",
+                row["round"],
+                {k: v for k, v in row.get("non_private", {}).items() if isinstance(v, int | float)},
+            )
 
     try:
-        result = run_on_grid(grid, exp, trainer, min_nodes=max(1, int(cfg.get("min-nodes", 1))), writer=writer,
-                             on_row=on_row, diagnostics=diagnostics, server_eval=_flag(cfg, "server-eval", True))
+        result = run_on_grid(
+            grid,
+            exp,
+            trainer,
+            min_nodes=max(1, int(cfg.get("min-nodes", 1))),
+            writer=writer,
+            on_row=on_row,
+            diagnostics=diagnostics,
+            server_eval=_flag(cfg, "server-eval", True),
+        )
     finally:
         if cfg.get("ledger-path", ""):
             strategy.ledger.save(str(cfg["ledger-path"]))
     if result.stopped_reason:
         log(INFO, "%s", result.stopped_reason)
-    log(INFO, "certified epsilon after %d rounds: %.4f at delta=%g (%d releases in the ledger)",
-        strategy.ledger.rounds, strategy.epsilon(), strategy.delta, len(strategy.ledger))
+    log(
+        INFO,
+        "certified epsilon after %d rounds: %.4f at delta=%g (%d releases in the ledger)",
+        strategy.ledger.rounds,
+        strategy.epsilon(),
+        strategy.delta,
+        len(strategy.ledger),
+    )

@@ -6,7 +6,6 @@ federations from the same base data (a sweep, a Ray worker) generates the data o
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
 import contextlib
 import functools
 import os
@@ -14,6 +13,7 @@ import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -43,7 +43,9 @@ class ArrayDataset:
 @functools.lru_cache(maxsize=2)
 def load_digits_arrays() -> ArrayDataset:
     """scikit-learn's 8x8 digits (ships inside the wheel): 1797 x 64 float32 in [0, 1], 10 classes."""
-    from sklearn.datasets import load_digits  # an optional, heavy dependency: loaded for the dataset that needs it
+    from sklearn.datasets import (
+        load_digits,  # an optional, heavy dependency: loaded for the dataset that needs it
+    )
 
     bunch = load_digits()
     x = np.ascontiguousarray(bunch.data, dtype=np.float32) / np.float32(16.0)
@@ -62,7 +64,10 @@ def make_mnist1d_arrays(num_samples: int = MNIST1D_DEFAULT_SAMPLES) -> ArrayData
     Python's global generators; their states are restored afterwards so callers are unaffected.
     """
     num_samples = check_int("num_samples", num_samples, minimum=10)
-    from mnist1d.data import get_dataset_args, make_dataset  # an optional, heavy dependency: loaded for the dataset that needs it
+    from mnist1d.data import (  # an optional, heavy dependency: loaded for the dataset that needs it
+        get_dataset_args,
+        make_dataset,
+    )
 
     args = get_dataset_args()
     args.num_samples = num_samples
@@ -152,7 +157,9 @@ def load_hub_arrays(
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hub's host answers a TCP connection (False at once in offline mode)."""
-    from huggingface_hub import constants  # an optional, heavy dependency: loaded for the dataset that needs it
+    from huggingface_hub import (
+        constants,  # an optional, heavy dependency: loaded for the dataset that needs it
+    )
 
     if constants.HF_HUB_OFFLINE:
         return False

@@ -50,7 +50,7 @@ _PARTITION_OPTION_NAMES = tuple(sorted({o for opts in PARTITIONER_OPTIONS.values
 _DOMAIN_OPTIONS = ("domain_shift", "domain_noise", "domain_label_swaps")
 DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
     "digits": _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
-    "mnist1d": ("num_samples",) + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
+    "mnist1d": ("num_samples", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
     "synthetic": (
         "synthetic_alpha",
         "synthetic_beta",
@@ -61,7 +61,7 @@ DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
         "synthetic_max_samples",
         "domain_label_swaps",
     ),
-    HUB_PREFIX: ("hub_split", "hub_feature", "hub_label") + _PARTITION_OPTION_NAMES + _DOMAIN_OPTIONS,
+    HUB_PREFIX: ("hub_split", "hub_feature", "hub_label", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
 }
 """Extra keyword options each dataset accepts (an option passed as ``None`` counts as not given)."""
 
@@ -127,7 +127,9 @@ class FederatedData(ABC):
         rng = np.random.default_rng([self.seed, _TAG_HELDOUT])
         parts = [
             start + rng.choice(size, size=k, replace=False)
-            for start, size, k in zip(self._domain_starts[:-1], self.domain_sizes, self.heldout_per_domain)
+            for start, size, k in zip(
+                self._domain_starts[:-1], self.domain_sizes, self.heldout_per_domain, strict=True
+            )
             if k > 0
         ]
         out = np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)
@@ -444,7 +446,7 @@ def build_federated_data(
     """
     hub = isinstance(dataset, str) and dataset.startswith(HUB_PREFIX) and len(dataset) > len(HUB_PREFIX)
     if not hub:
-        check_choice("dataset", dataset, DATASETS + (f"{HUB_PREFIX}<repo id>",))
+        check_choice("dataset", dataset, (*DATASETS, f"{HUB_PREFIX}<repo id>"))
     kind = HUB_PREFIX if hub else dataset
     options = {k: v for k, v in dataset_options.items() if v is not None}
     for name, value in options.items():
@@ -474,7 +476,9 @@ def build_federated_data(
             num_classes=check_int("synthetic_classes", options.get("synthetic_classes", 10), minimum=2),
             min_samples=lo,
             max_samples=hi,
-            domain_label_swaps=check_int("domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0),
+            domain_label_swaps=check_int(
+                "domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0
+            ),
         )
 
     dataset_settings: dict[str, Any] = {}
@@ -518,7 +522,9 @@ def label_maps(seed: int, num_domains: int, num_classes: int, swaps: int) -> np.
     single model is right for every domain, and minimising the pooled loss favours the large domains.
     """
     if 2 * swaps > num_classes:
-        raise invalid("domain_label_swaps", swaps, f"at most num_classes // 2 = {num_classes // 2} disjoint pairs")
+        raise invalid(
+            "domain_label_swaps", swaps, f"at most num_classes // 2 = {num_classes // 2} disjoint pairs"
+        )
     maps = np.tile(np.arange(num_classes), (num_domains, 1))
     for d in range(1, num_domains):
         pick = np.random.default_rng([seed, _TAG_LABELS, d]).permutation(num_classes)

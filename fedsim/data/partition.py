@@ -98,11 +98,14 @@ def partition_rows(
     elif partitioner == "pathological":
         num_labels = int(np.unique(labels).size)
         k = check_int(
-            "num_classes_per_partition", options.get("num_classes_per_partition", 2), minimum=1,
+            "num_classes_per_partition",
+            options.get("num_classes_per_partition", 2),
+            minimum=1,
             maximum=num_labels,
         )
         mode = check_choice(
-            "class_assignment_mode", options.get("class_assignment_mode", "first-deterministic"),
+            "class_assignment_mode",
+            options.get("class_assignment_mode", "first-deterministic"),
             CLASS_ASSIGNMENT_MODES,
         )
         settings.update(num_classes_per_partition=k, class_assignment_mode=mode)
@@ -126,7 +129,8 @@ def partition_rows(
         keep = check_bool("keep_incomplete_shard", options.get("keep_incomplete_shard", False))
         if per is not None and per * num_clients > num_rows:
             raise invalid(
-                "num_shards_per_partition", per,
+                "num_shards_per_partition",
+                per,
                 f"at most num_rows/num_clients = {num_rows // num_clients} (one example per shard)",
             )
         settings.update(num_shards_per_partition=per, shard_size=shard_size, keep_incomplete_shard=keep)

@@ -89,8 +89,14 @@ class FlowerEngine:
             def main(grid: Grid, context: Context) -> None:
                 try:
                     outcome["result"] = run_on_grid(
-                        grid, exp, trainer, min_nodes=population, writer=writer, on_row=on_row,
-                        timings={"setup_s": t_sim - t0}, connect_timeout=120.0,
+                        grid,
+                        exp,
+                        trainer,
+                        min_nodes=population,
+                        writer=writer,
+                        on_row=on_row,
+                        timings={"setup_s": t_sim - t0},
+                        connect_timeout=120.0,
                     )
                 except BaseException as exc:  # Flower logs and swallows ServerApp errors: re-raised below
                     outcome["error"] = exc

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from fedsim.round import PartialSum
-
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
 
@@ -34,8 +33,15 @@ class LocalEngine:
 
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
         return self.trainer.train(
-            plan.round, plan.cohort, weights, plan.clip, plan.noise_share_std, plan.client_weights, plan.loss_bound,
-            noise_seed=plan.noise_seed, count_share_std=plan.count_share_std,
+            plan.round,
+            plan.cohort,
+            weights,
+            plan.clip,
+            plan.noise_share_std,
+            plan.client_weights,
+            plan.loss_bound,
+            noise_seed=plan.noise_seed,
+            count_share_std=plan.count_share_std,
         )
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -62,14 +68,30 @@ class _Worker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "device": str(self.trainer.device), "pid": os.getpid()}
 
-    def train(self, server_round: int, client_ids: list[int], weights: np.ndarray, clip: float, share: float,
-              client_weights: dict[int, float] | None = None, loss_bound: float | None = None,
-              noise_seed: int | None = None, count_share_std: float = 0.0):
+    def train(
+        self,
+        server_round: int,
+        client_ids: list[int],
+        weights: np.ndarray,
+        clip: float,
+        share: float,
+        client_weights: dict[int, float] | None = None,
+        loss_bound: float | None = None,
+        noise_seed: int | None = None,
+        count_share_std: float = 0.0,
+    ):
         import ray  # as above
 
         partial, metrics = self.trainer.train(
-            server_round, client_ids, weights, clip, share, client_weights, loss_bound,
-            noise_seed=noise_seed, count_share_std=count_share_std,
+            server_round,
+            client_ids,
+            weights,
+            clip,
+            share,
+            client_weights,
+            loss_bound,
+            noise_seed=noise_seed,
+            count_share_std=count_share_std,
         )
         node = ray.get_runtime_context().get_node_id()
         for m in metrics:
@@ -145,9 +167,15 @@ class RayEngine:
         w32 = np.asarray(weights, dtype=np.float32)
         futures = [
             worker.train.remote(
-                plan.round, share, w32, plan.clip, plan.noise_share_std,
+                plan.round,
+                share,
+                w32,
+                plan.clip,
+                plan.noise_share_std,
                 None if plan.client_weights is None else {c: plan.client_weights[c] for c in share},
-                plan.loss_bound, plan.noise_seed, plan.count_share_std,
+                plan.loss_bound,
+                plan.noise_seed,
+                plan.count_share_std,
             )
             for worker, share in zip(self.workers, self._shares(plan.cohort), strict=True)
             if share

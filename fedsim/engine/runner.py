@@ -29,8 +29,12 @@ def build_engine(scenario: Scenario, data: Any, settings: Any) -> Engine:
         return LocalEngine(data, settings)
     if e.name == "ray":
         return RayEngine(
-            data, settings, num_workers=e.num_workers, num_cpus=e.num_cpus_per_worker,
-            num_gpus=e.num_gpus_per_worker, address=e.ray_address,
+            data,
+            settings,
+            num_workers=e.num_workers,
+            num_cpus=e.num_cpus_per_worker,
+            num_gpus=e.num_gpus_per_worker,
+            address=e.ray_address,
         )
     raise ValueError(f"engine.name={e.name!r} has no in-loop engine; allowed here: 'ray', 'local'")
 
@@ -55,8 +59,10 @@ def run_scenario(
     if writer:
         writer.write_text("config.toml", scenario_to_toml(scenario))
     if engine is None and scenario.engine.name == "flower":
-        flower = FlowerEngine(num_cpus_per_client=scenario.engine.num_cpus_per_worker,
-                              num_gpus_per_client=scenario.engine.num_gpus_per_worker)
+        flower = FlowerEngine(
+            num_cpus_per_client=scenario.engine.num_cpus_per_worker,
+            num_gpus_per_client=scenario.engine.num_gpus_per_worker,
+        )
         return flower.run(scenario, on_row=on_row, writer=writer)
     exp = build_experiment(scenario)
     if writer:

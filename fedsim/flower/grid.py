@@ -49,7 +49,11 @@ def query_identities(grid: Grid, node_ids: Iterable[int], timeout: float | None 
     """node id -> client id, asked of each node (raises :class:`NodeIdentityError` on any bad reply)."""
     nodes = sorted(int(n) for n in node_ids)
     messages = [
-        Message(content=RecordDict({"config": ConfigRecord({})}), message_type=IDENTITY_MESSAGE_TYPE, dst_node_id=n)
+        Message(
+            content=RecordDict({"config": ConfigRecord({})}),
+            message_type=IDENTITY_MESSAGE_TYPE,
+            dst_node_id=n,
+        )
         for n in nodes
     ]
     mapping: dict[int, int] = {}
@@ -83,8 +87,9 @@ class ClientIdGrid(Grid):
     ``connect_timeout`` s) until ``min_nodes`` nodes are connected.
     """
 
-    def __init__(self, grid: Grid, min_nodes: int = 1, timeout: float | None = None,
-                 connect_timeout: float = 120.0) -> None:
+    def __init__(
+        self, grid: Grid, min_nodes: int = 1, timeout: float | None = None, connect_timeout: float = 120.0
+    ) -> None:
         self._grid = grid
         self._timeout = timeout
         self._min_nodes = min_nodes
@@ -102,7 +107,13 @@ class ClientIdGrid(Grid):
             found = query_identities(self._grid, new, timeout=self._timeout)
             for node, client in found.items():
                 if client in self.client_to_node:
-                    log(WARNING, "client %d: node %d replaces node %d", client, node, self.client_to_node[client])
+                    log(
+                        WARNING,
+                        "client %d: node %d replaces node %d",
+                        client,
+                        node,
+                        self.client_to_node[client],
+                    )
                     self.node_to_client.pop(self.client_to_node[client], None)
                 self.node_to_client[node] = client
                 self.client_to_node[client] = node
@@ -114,8 +125,11 @@ class ClientIdGrid(Grid):
         if cid not in self.client_to_node:
             raise KeyError(f"no connected node holds client {cid}")
         return Message(
-            content=msg.content, message_type=msg.metadata.message_type, dst_node_id=self.client_to_node[cid],
-            group_id=msg.metadata.group_id, ttl=msg.metadata.ttl,
+            content=msg.content,
+            message_type=msg.metadata.message_type,
+            dst_node_id=self.client_to_node[cid],
+            group_id=msg.metadata.group_id,
+            ttl=msg.metadata.ttl,
         )
 
     # ---------------------------------------------------------------- Grid API
@@ -138,5 +152,7 @@ class ClientIdGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self._grid.pull_messages(message_ids)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self._grid.send_and_receive([self._to_node(m) for m in messages], timeout=timeout)

@@ -58,7 +58,9 @@ class GridEngine:
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if self.evaluator is None:
-            raise RuntimeError("this GridEngine has no server-side evaluator: the server holds no evaluation data")
+            raise RuntimeError(
+                "this GridEngine has no server-side evaluator: the server holds no evaluation data"
+            )
         return self.evaluator(client_ids, weights)
 
     def close(self) -> None:

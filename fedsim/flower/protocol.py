@@ -32,8 +32,12 @@ CFG_CLIP = "fedsim.clip"
 CFG_NOISE_STD = "fedsim.noise-share-std"
 CFG_COUNT_NOISE_STD = "fedsim.count-noise-share-std"
 CFG_LOSS_BOUND = "fedsim.loss-bound"
-MET_UNCLIPPED_NOISED = "fedsim.unclipped-noised"  # distributed noise: the unclipped bit plus the client's share
-MET_LOSS = "fedsim.loss"  # agnostic FL: the client's loss of the global model, per example bounded, over the bound
+MET_UNCLIPPED_NOISED = (
+    "fedsim.unclipped-noised"  # distributed noise: the unclipped bit plus the client's share
+)
+MET_LOSS = (
+    "fedsim.loss"  # agnostic FL: the client's loss of the global model, per example bounded, over the bound
+)
 
 
 def train_config(plan: Any, base: ConfigRecord | None = None) -> ConfigRecord:
@@ -88,7 +92,7 @@ def reply_model(msg: Message, like: ArrayRecord) -> np.ndarray | None:
         return None
     try:
         got = rec.to_numpy_ndarrays()
-    except Exception:  # noqa: BLE001 - an undecodable payload is the client's fault: the reply is rejected
+    except Exception:
         return None
     for g, w in zip(got, like.to_numpy_ndarrays(), strict=True):
         if g.shape != w.shape or g.dtype != w.dtype:

@@ -9,6 +9,6 @@ Every model maps float inputs ``[n, input_dim]`` to logits ``[n, num_classes]``,
 deterministic given ``torch.manual_seed``.
 """
 
-from fedsim.models.registry import MODELS, CNN1D, MLP, LogReg, build_model, num_parameters
+from fedsim.models.registry import CNN1D, MLP, MODELS, LogReg, build_model, num_parameters
 
-__all__ = ["MODELS", "CNN1D", "MLP", "LogReg", "build_model", "num_parameters"]
+__all__ = ["CNN1D", "MLP", "MODELS", "LogReg", "build_model", "num_parameters"]

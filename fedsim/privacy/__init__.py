@@ -22,15 +22,14 @@ from .accountants import (
     method_kind,
 )
 from .errors import PrivacyInputError
-from .mechanism import Mechanism, compose_same_cohort
 from .ledger import Ledger
+from .mechanism import Mechanism, compose_same_cohort
 
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
-    "VALID_BOUNDS",
-    "method_kind",
     "PAPER_BOUNDS",
+    "VALID_BOUNDS",
     "EpsilonCurve",
     "Ledger",
     "Mechanism",
@@ -38,4 +37,5 @@ __all__ = [
     "compose_same_cohort",
     "compute_curve",
     "epsilon_curve",
+    "method_kind",
 ]

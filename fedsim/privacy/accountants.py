@@ -36,20 +36,21 @@ from .mechanism import Mechanism
 
 __all__ = [
     "ACCOUNTANTS",
-    "Accountant",
     "CERTIFIED",
-    "VALID_BOUNDS",
     "PAPER_BOUNDS",
-    "method_kind",
+    "VALID_BOUNDS",
+    "Accountant",
     "EpsilonCurve",
     "compute_curve",
-    "epsilon_curve",
     "epsilon_at",
-    "validate_delta",
-    "validate_rounds",
-    "validate_method",
+    "epsilon_curve",
+    "method_kind",
     "per_step_epsilon",
+    "validate_delta",
+    "validate_method",
+    "validate_rounds",
 ]
+
 
 def validate_delta(delta, field_name: str = "delta") -> float:
     try:
@@ -102,7 +103,9 @@ class EpsilonCurve:
 
     def to_dict(self) -> dict:
         def clean(a):
-            return [None if (isinstance(v, float) and not math.isfinite(v)) else v for v in np.asarray(a).tolist()]
+            return [
+                None if (isinstance(v, float) and not math.isfinite(v)) else v for v in np.asarray(a).tolist()
+            ]
 
         return dict(
             method=self.method,
@@ -180,11 +183,14 @@ def _rdp_curve(q: _Query) -> _Result:
         eps = np.array([certified.rdp_epsilon([[q.m]] * q.rounds, q.m.neighbouring, q.delta)])
         return _Result(eps, np.full(1, q.delta))
     # each checkpoint is one dp-accounting composition (35-220 ms): every round up to 10, then 10% apart
-    eps, exact = certified.rdp_curve(q.m, q.rounds, q.delta, dense=q.rounds if q.pld_exact_every_round else 10,
-                                     extra=q.exact_at)
+    eps, exact = certified.rdp_curve(
+        q.m, q.rounds, q.delta, dense=q.rounds if q.pld_exact_every_round else 10, extra=q.exact_at
+    )
     if not exact.all():
-        q.notes.append(f"exact RDP at {int(exact.sum())} checkpoint rounds; rounds in between report the next "
-                       "checkpoint's epsilon (an upper bound)")
+        q.notes.append(
+            f"exact RDP at {int(exact.sum())} checkpoint rounds; rounds in between report the next "
+            "checkpoint's epsilon (an upper bound)"
+        )
     return _Result(eps, np.full(q.rounds, q.delta), exact=exact)
 
 
@@ -192,20 +198,30 @@ def _pld_curve(q: _Query) -> _Result:
     points = certified.estimated_pld_points(q.m, None, q.pld_discretization)
     if points > certified.MAX_PLD_POINTS:
         # as the ledger does: instead of exhausting memory, RDP, also a valid (looser) upper bound
-        q.notes.append(f"pld impractical (one round needs about {points:.3g} PLD points): epsilon from rdp, "
-                       "a valid, looser upper bound")
+        q.notes.append(
+            f"pld impractical (one round needs about {points:.3g} PLD points): epsilon from rdp, "
+            "a valid, looser upper bound"
+        )
         q.details["accountant_used"] = "rdp"
         return _rdp_curve(q)
     if q.only_last:
         single = certified.round_pld(q.m, discretization=q.pld_discretization)
         pld = single if q.rounds == 1 else single.self_compose(q.rounds)
         return _Result(np.array([pld.get_epsilon_for_delta(q.delta)]), np.full(1, q.delta))
-    eps, exact = certified.pld_curve(q.m, q.rounds, q.delta, discretization=q.pld_discretization,
-                                     checkpoint_ratio=q.pld_checkpoint_ratio,
-                                     exact_every_round=q.pld_exact_every_round, extra=q.exact_at)
+    eps, exact = certified.pld_curve(
+        q.m,
+        q.rounds,
+        q.delta,
+        discretization=q.pld_discretization,
+        checkpoint_ratio=q.pld_checkpoint_ratio,
+        exact_every_round=q.pld_exact_every_round,
+        extra=q.exact_at,
+    )
     if not exact.all():
-        q.notes.append(f"exact PLD at {int(exact.sum())} checkpoint rounds; rounds in between report the next "
-                       "checkpoint's epsilon (an upper bound)")
+        q.notes.append(
+            f"exact PLD at {int(exact.sum())} checkpoint rounds; rounds in between report the next "
+            "checkpoint's epsilon (an upper bound)"
+        )
     q.notes.append(f"PLD discretisation {q.pld_discretization:g} (pessimistic)")
     return _Result(eps, np.full(q.rounds, q.delta), exact=exact)
 
@@ -216,6 +232,7 @@ def _paper_curve(method: str) -> Callable[[_Query], _Result]:
         T, delta = q.T, q.delta
         dt = delta / 2.0 if q.dtil is None else validate_delta(q.dtil, "dtil")
         if method == "igmm":
+
             def fn(ds):
                 return closed_forms.igmm_theorem7(p["N"], p["tau"], T, p["sigma"], p["D"], ds, dt)
         else:
@@ -223,6 +240,7 @@ def _paper_curve(method: str) -> Callable[[_Query], _Result]:
 
             def fn(ds):
                 return closed_forms.dpfl_theorem8(p["N"], p["tau"], T, sigma8, ds, dt)
+
         if q.step_delta is not None:
             ds = validate_delta(q.step_delta, "step_delta")
             r = fn(ds)
@@ -237,11 +255,15 @@ def _paper_curve(method: str) -> Callable[[_Query], _Result]:
         status[r["defined"] & ~r["statement"]] = "no statement: printed delta' >= 1 (or not finite)"
         if q.step_delta is None:
             status[r["statement"] & ~meets] = f"no per-step delta gives printed delta' <= {delta:g}"
-        q.details.update(step_delta=ds_arr, dtil=dt,
-                         **{k: r[k] for k in ("eps0", "et", "K", "dtil_prime", "delta_prime")})
+        q.details.update(
+            step_delta=ds_arr, dtil=dt, **{k: r[k] for k in ("eps0", "et", "K", "dtil_prime", "delta_prime")}
+        )
         q.notes.append(ACCOUNTANTS[method].description)
-        return _Result(np.where(meets, r["eps_prime"], np.nan), np.where(r["statement"], r["delta_prime"], np.nan),
-                       status=status)
+        return _Result(
+            np.where(meets, r["eps_prime"], np.nan),
+            np.where(r["statement"], r["delta_prime"], np.nan),
+            status=status,
+        )
 
     return curve
 
@@ -264,7 +286,9 @@ def _igmm_corrected_curve(q: _Query) -> _Result:
 
 def _kairouz_curve(q: _Query) -> _Result:
     T = q.T
-    q_ds = -np.expm1(np.log1p(-q.delta / 2.0) / T)  # half of delta to 1-(1-q ds)^T, the rest to the composition
+    q_ds = -np.expm1(
+        np.log1p(-q.delta / 2.0) / T
+    )  # half of delta to 1-(1-q ds)^T, the rest to the composition
     et = per_step_epsilon(q.m, q_ds)
     eps = closed_forms.optimal_composition_epsilon(et, T, q_ds, q.delta)
     dl = closed_forms.optimal_composition_delta(et, T, eps, q_ds)
@@ -301,21 +325,51 @@ def _pld_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -> 
 
 #: The one registry of accountants, by name: runs, the ledger, ``fedsim privacy``, calibration and the scenario
 #: schema all take their choices from it. A method is added here, and only here.
-ACCOUNTANTS: dict[str, Accountant] = {a.name: a for a in (
-    Accountant("pld", "certified", "privacy loss distribution (dp-accounting), certified", _pld_curve,
-               _pld_of_ledger),
-    Accountant("rdp", "certified", "Renyi DP (dp-accounting), certified", _rdp_curve, _rdp_of_ledger),
-    Accountant("igmm", "paper bound, not a certificate",
-               "UAI Theorem 7 as printed; paper bound, not a certificate", _paper_curve("igmm")),
-    Accountant("igmm-corrected", "valid closed-form bound", "IGMM structure with exact Gaussian step, amplified "
-               "delta and Kairouz Thm 3.4; valid closed-form bound", _igmm_corrected_curve),
-    Accountant("dp-fl-thm8", "paper bound, not a certificate",
-               "arXiv Theorem 8 as printed; paper bound, not a certificate", _paper_curve("dp-fl-thm8")),
-    Accountant("kairouz", "valid closed-form bound", "optimal composition (Kairouz et al. Thm 3.3) of per-step "
-               "(eps, delta); valid closed-form bound", _kairouz_curve),
-    Accountant("basic", "valid closed-form bound", "basic composition of per-step (eps, delta); valid closed-form "
-               "bound", _basic_curve, _basic_of_ledger),
-)}
+ACCOUNTANTS: dict[str, Accountant] = {
+    a.name: a
+    for a in (
+        Accountant(
+            "pld",
+            "certified",
+            "privacy loss distribution (dp-accounting), certified",
+            _pld_curve,
+            _pld_of_ledger,
+        ),
+        Accountant("rdp", "certified", "Renyi DP (dp-accounting), certified", _rdp_curve, _rdp_of_ledger),
+        Accountant(
+            "igmm",
+            "paper bound, not a certificate",
+            "UAI Theorem 7 as printed; paper bound, not a certificate",
+            _paper_curve("igmm"),
+        ),
+        Accountant(
+            "igmm-corrected",
+            "valid closed-form bound",
+            "IGMM structure with exact Gaussian step, amplified "
+            "delta and Kairouz Thm 3.4; valid closed-form bound",
+            _igmm_corrected_curve,
+        ),
+        Accountant(
+            "dp-fl-thm8",
+            "paper bound, not a certificate",
+            "arXiv Theorem 8 as printed; paper bound, not a certificate",
+            _paper_curve("dp-fl-thm8"),
+        ),
+        Accountant(
+            "kairouz",
+            "valid closed-form bound",
+            "optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta); valid closed-form bound",
+            _kairouz_curve,
+        ),
+        Accountant(
+            "basic",
+            "valid closed-form bound",
+            "basic composition of per-step (eps, delta); valid closed-form bound",
+            _basic_curve,
+            _basic_of_ledger,
+        ),
+    )
+}
 CERTIFIED = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "certified")
 VALID_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "valid closed-form bound")
 PAPER_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "paper bound, not a certificate")
@@ -354,16 +408,37 @@ def compute_curve(
     delta = validate_delta(delta)
     acc = ACCOUNTANTS[validate_method(method)]
     T = np.array([float(rounds)]) if _only_last else np.arange(1, rounds + 1, dtype=float)
-    q = _Query(mechanism, T, rounds, delta, _only_last, step_delta, dtil, pld_discretization, pld_checkpoint_ratio,
-               pld_exact_every_round, tuple(exact_at), list(mechanism.caveats), {})
+    q = _Query(
+        mechanism,
+        T,
+        rounds,
+        delta,
+        _only_last,
+        step_delta,
+        dtil,
+        pld_discretization,
+        pld_checkpoint_ratio,
+        pld_exact_every_round,
+        tuple(exact_at),
+        list(mechanism.caveats),
+        {},
+    )
     r = acc.curve(q)
     eps = np.asarray(r.epsilon, dtype=float)
     status = _status_array(len(T)) if r.status is None else r.status
     if r.status is None:
         status[~np.isfinite(eps)] = "no finite epsilon at this delta"
     exact = np.ones(len(T), dtype=bool) if r.exact is None else r.exact
-    return EpsilonCurve(acc.name, eps, np.asarray(r.delta, dtype=float), status, acc.kind == "certified", exact,
-                        q.notes, q.details)
+    return EpsilonCurve(
+        acc.name,
+        eps,
+        np.asarray(r.delta, dtype=float),
+        status,
+        acc.kind == "certified",
+        exact,
+        q.notes,
+        q.details,
+    )
 
 
 def epsilon_at(mechanism: Mechanism, rounds: int, delta: float, method: str = "pld", **options) -> float:
@@ -371,6 +446,8 @@ def epsilon_at(mechanism: Mechanism, rounds: int, delta: float, method: str = "p
     return float(compute_curve(mechanism, rounds, delta, method, _only_last=True, **options).epsilon[-1])
 
 
-def epsilon_curve(mechanism: Mechanism, rounds: int, delta: float, method: str = "pld", **options) -> np.ndarray:
+def epsilon_curve(
+    mechanism: Mechanism, rounds: int, delta: float, method: str = "pld", **options
+) -> np.ndarray:
     """Epsilon after each round t = 1..rounds (NaN where a paper bound makes no statement)."""
     return compute_curve(mechanism, rounds, delta, method, **options).epsilon

@@ -39,12 +39,12 @@ from .mechanism import Mechanism
 
 __all__ = [
     "DEFAULT_PLD_DISCRETIZATION",
-    "round_pld",
-    "rdp_epsilon",
+    "ledger_relation",
     "pld_checkpoints",
     "pld_curve",
     "rdp_curve",
-    "ledger_relation",
+    "rdp_epsilon",
+    "round_pld",
 ]
 
 DEFAULT_PLD_DISCRETIZATION = 1e-3
@@ -59,7 +59,9 @@ def _pld_params(m: Mechanism, relation: str) -> tuple:
     """(standard_deviation, sampling_prob, dp-accounting relation name) for ``m`` with sensitivity 1."""
     if relation == "add-remove":
         if m.neighbouring != "add-remove":
-            raise PrivacyInputError("relation", relation, "a fixed-size (replace-one) round needs replace-one")
+            raise PrivacyInputError(
+                "relation", relation, "a fixed-size (replace-one) round needs replace-one"
+            )
         return (m.noise_std / m.clip, m.q, "ADD_OR_REMOVE_ONE")
     if m.sampling == "fixed":
         return (m.noise_std / m.replace_sensitivity, m.q, "ADD_OR_REMOVE_ONE")
@@ -101,8 +103,9 @@ class PldTooLarge(Exception):
 MAX_PLD_POINTS = 5_000_000
 
 
-def estimated_pld_points(m: Mechanism, relation: str | None = None,
-                         discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
+def estimated_pld_points(
+    m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION
+) -> float:
     """About how many grid points one round's PLD of ``m`` holds: the Gaussian's privacy losses span about
     ``(1 + 20 std) / std^2`` (dp-accounting keeps ~10 standard deviations of tail), divided by the grid step.
     Cheap: used to refuse a PLD before building it."""
@@ -110,7 +113,9 @@ def estimated_pld_points(m: Mechanism, relation: str | None = None,
     return (1.0 + 20.0 * std) / (std * std) / discretization
 
 
-def round_fast_pld(m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION):
+def round_fast_pld(
+    m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION
+):
     """:func:`round_pld` as a :class:`fedsim.privacy.fast_pld.FastPld` (cached): for per-round composition."""
     relation = relation or m.neighbouring
     std, q, rel = _pld_params(m, relation)
@@ -125,8 +130,10 @@ def _fast_pld_cached(std: float, q: float, relation: str, discretization: float)
 def _relation(relation: str):
     from dp_accounting import privacy_accountant  # dp-accounting's modules, loaded on first use
 
-    return {"add-remove": privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE,
-            "replace-one": privacy_accountant.NeighboringRelation.REPLACE_ONE}[relation]
+    return {
+        "add-remove": privacy_accountant.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        "replace-one": privacy_accountant.NeighboringRelation.REPLACE_ONE,
+    }[relation]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -159,21 +166,30 @@ def rdp_epsilon(rounds: Iterable[Iterable[Mechanism]], relation: str, delta: flo
 
 
 def rdp_curve(
-    m: Mechanism, rounds: int, delta: float, checkpoint_ratio: float = 1.1, dense: int = 10, extra: Iterable[int] = ()
+    m: Mechanism,
+    rounds: int,
+    delta: float,
+    checkpoint_ratio: float = 1.1,
+    dense: int = 10,
+    extra: Iterable[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Epsilon after every round and a boolean mask of the rounds computed exactly. As :func:`pld_curve`: exact at
     checkpoints, the next checkpoint's epsilon in between (an upper bound); each checkpoint is one dp-accounting
     RDP accountant composing the round's event with a count."""
     event, relation = m.to_dp_event(), m.neighbouring
     cps = pld_checkpoints(rounds, dense, checkpoint_ratio, extra)
-    eps_cp = np.maximum.accumulate([_rdp_accountant_epsilon(((event, int(t)),), relation, float(delta)) for t in cps])
+    eps_cp = np.maximum.accumulate(
+        [_rdp_accountant_epsilon(((event, int(t)),), relation, float(delta)) for t in cps]
+    )
     idx = np.searchsorted(cps, np.arange(1, rounds + 1), side="left")
     exact = np.zeros(rounds, dtype=bool)
     exact[cps - 1] = True
     return eps_cp[idx], exact
 
 
-def pld_checkpoints(rounds: int, dense: int = 50, ratio: float = 1.03, extra: Iterable[int] = ()) -> np.ndarray:
+def pld_checkpoints(
+    rounds: int, dense: int = 50, ratio: float = 1.03, extra: Iterable[int] = ()
+) -> np.ndarray:
     """Rounds at which a curve is exact: every round up to ``dense``, then geometric, the last, and ``extra``."""
     pts = list(range(1, min(rounds, dense) + 1))
     t = pts[-1] if pts else 0

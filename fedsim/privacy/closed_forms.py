@@ -52,15 +52,14 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import bdtr
 
-
 __all__ = [
-    "igmm_theorem7",
-    "paper_composition",
+    "calibrate_step_delta",
     "dpfl_theorem8",
+    "igmm_theorem7",
     "kairouz_theorem34",
     "optimal_composition_delta",
     "optimal_composition_epsilon",
-    "calibrate_step_delta",
+    "paper_composition",
 ]
 
 _NAN = np.nan
@@ -77,10 +76,12 @@ def igmm_theorem7(N, tau, T, sigma, D, delta, dtil) -> dict:
     Returns a dict of arrays: eps0, et, eps_prime, K, dtil_prime, delta_prime, defined (dtil' is
     defined: eps' < T*et), statement (defined, finite and 0 <= delta' < 1).
     """
-    N, tau, T, sigma, D, delta, dtil = (np.asarray(v, dtype=float) for v in (N, tau, T, sigma, D, delta, dtil))
+    N, tau, T, sigma, D, delta, dtil = (
+        np.asarray(v, dtype=float) for v in (N, tau, T, sigma, D, delta, dtil)
+    )
     with np.errstate(all="ignore"):
         L = np.log(1.0 / delta)
-        eps0 = (np.sqrt(2.0) * D * sigma / tau * np.sqrt(L) + D ** 2 / tau ** 2) / (2.0 * sigma ** 2)
+        eps0 = (np.sqrt(2.0) * D * sigma / tau * np.sqrt(L) + D**2 / tau**2) / (2.0 * sigma**2)
         et = np.log((N - tau) / N + (tau / N) * np.exp(eps0))
         # the same value where exp(eps0) overflows (eps0 > ~709): log((N-tau)/N + tau/N e^eps0) in log space
         et = np.where(np.isfinite(et), et, np.logaddexp(np.log1p(-tau / N), np.log(tau / N) + eps0))
@@ -98,7 +99,7 @@ def paper_composition(et, delta, T, dtil, K_scale=1.0) -> dict:
     et, delta, T, dtil, K_scale = (np.asarray(v, dtype=float) for v in (et, delta, T, dtil, K_scale))
     with np.errstate(all="ignore"):
         th = np.tanh(et / 2.0)  # (e^et - 1)/(e^et + 1)
-        eps_p = np.sqrt(2.0 * T * np.log(1.0 / dtil) * et ** 2) + T * et * th
+        eps_p = np.sqrt(2.0 * T * np.log(1.0 / dtil) * et**2) + T * et * th
         K = np.ceil(K_scale * eps_p / et)
         Tet = T * et
         defined = Tet > eps_p
@@ -116,8 +117,16 @@ def paper_composition(et, delta, T, dtil, K_scale=1.0) -> dict:
         B = -np.expm1(K * np.log1p(-ex) + (T - K) * np.log1p(-x))  # 1 - (1-e^et x)^K (1-x)^(T-K)
         delta_p = A + B + dtil_p
         statement = defined & np.isfinite(delta_p) & (delta_p < 1.0) & (delta_p >= 0) & np.isfinite(eps_p)
-    return dict(et=et, eps_prime=eps_p, K=K, dtil_prime=dtil_p, delta_prime=delta_p,
-                defined=defined, statement=statement, defined_below=Tet)
+    return dict(
+        et=et,
+        eps_prime=eps_p,
+        K=K,
+        dtil_prime=dtil_p,
+        delta_prime=delta_p,
+        defined=defined,
+        statement=statement,
+        defined_below=Tet,
+    )
 
 
 def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
@@ -126,9 +135,9 @@ def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
     with np.errstate(all="ignore"):
         p = tau / N
         L = np.log(1.0 / delta)
-        et = (4.0 * sigma / tau * np.sqrt(L) + 1.0 / tau ** 2) / (2.0 * sigma ** 2)
+        et = (4.0 * sigma / tau * np.sqrt(L) + 1.0 / tau**2) / (2.0 * sigma**2)
         a = p * et  # the linearised amplified per-step epsilon is 2*a in eps' and delta'
-        eps_p = np.sqrt(8.0 * np.log(1.0 / dtil) * (p ** 2 * T * et ** 2)) + 2.0 * T * a * np.tanh(a)
+        eps_p = np.sqrt(8.0 * np.log(1.0 / dtil) * (p**2 * T * et**2)) + 2.0 * T * a * np.tanh(a)
         K = np.ceil(N * eps_p / (2.0 * tau * et))
         pTet = p * T * et
         defined = pTet > eps_p
@@ -148,8 +157,17 @@ def dpfl_theorem8(N, tau, T, sigma, delta, dtil) -> dict:
         statement = defined & np.isfinite(delta_p) & (delta_p < 1.0) & (delta_p >= 0) & np.isfinite(eps_p)
     # the Chernoff factor is defined where eps' < p*T*et8 (= T*a): half of T times the linearised per-step
     # epsilon 2a that the theorem composes
-    return dict(eps0=et, et=2.0 * a, eps_prime=eps_p, K=K, dtil_prime=dtil8, delta_prime=delta_p,
-                defined=defined, statement=statement, defined_below=pTet)
+    return dict(
+        eps0=et,
+        et=2.0 * a,
+        eps_prime=eps_p,
+        K=K,
+        dtil_prime=dtil8,
+        delta_prime=delta_p,
+        defined=defined,
+        statement=statement,
+        defined_below=pTet,
+    )
 
 
 def calibrate_step_delta(fn, target, iterations: int = 22, span: float = 120.0) -> tuple[np.ndarray, dict]:
@@ -182,7 +200,7 @@ def kairouz_theorem34(et, T, dtil):
     th = np.tanh(et / 2.0)
     base = T * et * th
     e1 = T * et
-    e2 = base + et * np.sqrt(2.0 * T * np.log(np.e + np.sqrt(T * et ** 2) / dtil))
+    e2 = base + et * np.sqrt(2.0 * T * np.log(np.e + np.sqrt(T * et**2) / dtil))
     e3 = base + et * np.sqrt(2.0 * T * np.log(1.0 / dtil))
     return np.minimum(e1, np.minimum(e2, e3))
 

@@ -44,10 +44,16 @@ class DensePmf:
     def from_dp_accounting(cls, pmf) -> DensePmf:
         """From a dp-accounting ``PLDPmf`` (dense or sparse); only pessimistic PMFs are accepted."""
         if not pmf._pessimistic_estimate:  # dp-accounting exposes no public accessor
-            raise ValueError("fast_pld composes pessimistic PLDs only (an optimistic one would under-report epsilon)")
+            raise ValueError(
+                "fast_pld composes pessimistic PLDs only (an optimistic one would under-report epsilon)"
+            )
         dense = pmf.to_dense_pmf()
-        return cls(float(dense._discretization), int(dense._lower_loss),
-                   np.asarray(dense._probs, dtype=np.float64), float(dense._infinity_mass))
+        return cls(
+            float(dense._discretization),
+            int(dense._lower_loss),
+            np.asarray(dense._probs, dtype=np.float64),
+            float(dense._infinity_mass),
+        )
 
     def compose(self, other: DensePmf, tail_mass_truncation: float = TAIL_MASS_TRUNCATION) -> DensePmf:
         if other.discretization != self.discretization:
@@ -65,7 +71,9 @@ class DensePmf:
         if inf > delta:
             return math.inf
         n = self.probs.size
-        losses = (self.lower_loss + np.arange(n - 1, -1, -1, dtype=np.float64)) * self.discretization  # descending
+        losses = (
+            self.lower_loss + np.arange(n - 1, -1, -1, dtype=np.float64)
+        ) * self.discretization  # descending
         p = self.probs[::-1]
         # masses *before* adding loss k (index k) and after adding all of them (index n)
         upper = np.empty(n + 1)
@@ -85,9 +93,13 @@ class DensePmf:
         np.cumsum(terms, out=lower[1:])
         # dp-accounting's loop, iteration k: (a) stop if log((upper_k - delta) / lower_k) >= loss_k;
         # (b) add loss k; (c) return max(0, loss_k) if upper_{k+1} >= delta while lower_{k+1} == 0
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny lower mass gives log(inf)
+        with np.errstate(
+            divide="ignore", invalid="ignore", over="ignore"
+        ):  # a tiny lower mass gives log(inf)
             ok = (upper[:n] > delta) & (lower[:n] > 0)
-            cand = np.where(ok, np.log(np.where(ok, upper[:n] - delta, 1.0) / np.where(ok, lower[:n], 1.0)), -np.inf)
+            cand = np.where(
+                ok, np.log(np.where(ok, upper[:n] - delta, 1.0) / np.where(ok, lower[:n], 1.0)), -np.inf
+            )
         stop = ok & (cand >= losses)
         early = (upper[1:] >= delta) & (lower[1:] == 0)
         k_stop = int(np.argmax(stop)) if stop.any() else n

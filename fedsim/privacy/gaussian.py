@@ -15,11 +15,11 @@ import numpy as np
 from scipy.special import log_ndtr
 
 __all__ = [
-    "gaussian_delta",
-    "gaussian_log_delta",
-    "gaussian_epsilon",
-    "classical_gaussian_epsilon",
     "amplify_epsilon",
+    "classical_gaussian_epsilon",
+    "gaussian_delta",
+    "gaussian_epsilon",
+    "gaussian_log_delta",
 ]
 
 
@@ -78,7 +78,9 @@ def gaussian_epsilon(delta, r, iterations: int = 12):
             nx = x - step
             bad = ~np.isfinite(nx) | (nx <= lo) | (nx >= hi)
             nx = np.where(bad, 0.5 * (lo + hi), nx)
-            if np.all(hi - lo <= 1e-13 * np.maximum(1.0, hi)) or np.all(np.abs(nx - x) <= 1e-15 * np.maximum(1.0, x)):
+            if np.all(hi - lo <= 1e-13 * np.maximum(1.0, hi)) or np.all(
+                np.abs(nx - x) <= 1e-15 * np.maximum(1.0, x)
+            ):
                 x = nx
                 break
             x = nx

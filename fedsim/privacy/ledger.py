@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 
@@ -26,7 +26,6 @@ from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 
 __all__ = ["Ledger", "Release"]
-
 
 
 LEDGER_FORMAT = "fedsim.privacy.ledger/1"
@@ -64,7 +63,9 @@ class Ledger:
         self.pld_discretization = float(pld_discretization)
         self._pld_prefix: tuple | None = None  # (relation, n_rounds, last round's events, pld)
         self._pld_total: tuple | None = None  # the same for the last query's whole composition
-        self.pld_fallback: str | None = None  # why the last pld query was answered with rdp (None: it was not)
+        self.pld_fallback: str | None = (
+            None  # why the last pld query was answered with rdp (None: it was not)
+        )
         self._pld_fallback_warned = False
         self._memo: dict = {}
 
@@ -74,10 +75,14 @@ class Ledger:
             raise PrivacyInputError("round", round, "must be an integer >= 1")
         if self._releases and round < self._releases[-1].round:
             raise PrivacyInputError(
-                "round", round, f"must be >= the last recorded round ({self._releases[-1].round}); the ledger is append-only"
+                "round",
+                round,
+                f"must be >= the last recorded round ({self._releases[-1].round}); the ledger is append-only",
             )
         if not isinstance(mechanism, Mechanism):
-            raise PrivacyInputError("mechanism", type(mechanism).__name__, "must be a fedsim.privacy.Mechanism")
+            raise PrivacyInputError(
+                "mechanism", type(mechanism).__name__, "must be a fedsim.privacy.Mechanism"
+            )
         self._releases.append(Release(int(round), str(name), mechanism))
         self._memo.clear()
 
@@ -137,8 +142,9 @@ class Ledger:
                 raise PrivacyInputError("mechanism", type(m).__name__, "must be a fedsim.privacy.Mechanism")
         return self._epsilon(self._rounds_grouped(extra), delta, method, cache=False)
 
-    def would_exceed(self, mechanism: Mechanism, max_epsilon: float, delta: float, method: str = "pld",
-                     releases=None) -> bool:
+    def would_exceed(
+        self, mechanism: Mechanism, max_epsilon: float, delta: float, method: str = "pld", releases=None
+    ) -> bool:
         """Whether one more round releasing ``mechanism`` (plus ``releases``: further mechanisms in the
         same round, or an int number of identical releases) would take epsilon above ``max_epsilon``.
         Does not change the ledger."""
@@ -172,8 +178,12 @@ class Ledger:
                 # Instead of exhausting memory: RDP is also a valid upper bound on the true epsilon, usually a
                 # looser one than PLD's, so the run over-reports rather than under-reports.
                 if not self._pld_fallback_warned:
-                    warnings.warn(f"PLD accounting is impractical here ({exc}); epsilon is reported with RDP "
-                                  "(a valid, looser upper bound)", RuntimeWarning, stacklevel=3)
+                    warnings.warn(
+                        f"PLD accounting is impractical here ({exc}); epsilon is reported with RDP "
+                        "(a valid, looser upper bound)",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                     self._pld_fallback_warned = True
                 self.pld_fallback = str(exc)
                 return float(ACCOUNTANTS["rdp"].of_ledger(rounds, relation, delta, self, cache))
@@ -184,7 +194,8 @@ class Ledger:
         first = rounds[0]
         if len(first) != 1 or any(events != first for events in rounds):
             raise PrivacyInputError(
-                "method", method,
+                "method",
+                method,
                 "needs the same single mechanism in every round; use pld, rdp or basic for this ledger",
             )
         curve = compute_curve(first[0], len(rounds), delta, method)
@@ -214,15 +225,19 @@ class Ledger:
             for m in events:
                 points = certified.estimated_pld_points(m, relation, vdi)
                 if points > limit:
-                    raise certified.PldTooLarge(f"one round of noise multiplier {m.noise_multiplier:g} needs about "
-                                       f"{points:.3g} PLD points")
+                    raise certified.PldTooLarge(
+                        f"one round of noise multiplier {m.noise_multiplier:g} needs about "
+                        f"{points:.3g} PLD points"
+                    )
 
         def compose(acc, m: Mechanism, n_rounds: int):
             p = certified.round_fast_pld(m, relation, vdi)
             if acc is None:
                 return p
             if acc.size + p.size > limit:
-                raise certified.PldTooLarge(f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points")
+                raise certified.PldTooLarge(
+                    f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points"
+                )
             return acc.compose(p)
 
         for i in range(n0, len(complete)):
@@ -245,20 +260,28 @@ class Ledger:
         delta = validate_delta(delta)
         method = validate_method(method)
         rounds = self._rounds_grouped()
-        return np.array([self._epsilon(rounds[: i + 1], delta, method, cache=False) for i in range(len(rounds))])
+        return np.array(
+            [self._epsilon(rounds[: i + 1], delta, method, cache=False) for i in range(len(rounds))]
+        )
 
     def to_dict(self) -> dict:
-        return dict(format=LEDGER_FORMAT, pld_discretization=self.pld_discretization,
-                    releases=[r.to_dict() for r in self._releases])
+        return dict(
+            format=LEDGER_FORMAT,
+            pld_discretization=self.pld_discretization,
+            releases=[r.to_dict() for r in self._releases],
+        )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Ledger":
+    def from_dict(cls, d: dict) -> Ledger:
         if not isinstance(d, dict) or d.get("format") != LEDGER_FORMAT:
-            raise PrivacyInputError("ledger.format", d.get("format") if isinstance(d, dict) else d,
-                                    f"must be {LEDGER_FORMAT!r}")
+            raise PrivacyInputError(
+                "ledger.format", d.get("format") if isinstance(d, dict) else d, f"must be {LEDGER_FORMAT!r}"
+            )
         led = cls(pld_discretization=d.get("pld_discretization", certified.DEFAULT_PLD_DISCRETIZATION))
         for r in d.get("releases", []):
-            led.record(round=r["round"], mechanism=Mechanism.from_dict(r["mechanism"]), name=r.get("name", "model"))
+            led.record(
+                round=r["round"], mechanism=Mechanism.from_dict(r["mechanism"]), name=r.get("name", "model")
+            )
         return led
 
     def save(self, path) -> None:
@@ -268,6 +291,6 @@ class Ledger:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path) -> "Ledger":
+    def load(cls, path) -> Ledger:
         with open(path) as f:
             return cls.from_dict(json.load(f))

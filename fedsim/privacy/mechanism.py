@@ -24,15 +24,14 @@ Conventions (see ``shared/reference/privacy-formulas.md``):
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
 
 from fedsim.round.noise import NOISE_PLACEMENTS
 from fedsim.round.sampling import SAMPLINGS
 from fedsim.validation import PrivacyInputError, cohort, is_int, one_of, positive_finite
 
-__all__ = ["Mechanism", "SAMPLINGS", "NOISE_PLACEMENTS", "compose_same_cohort"]
+__all__ = ["NOISE_PLACEMENTS", "SAMPLINGS", "Mechanism", "compose_same_cohort"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,9 @@ class Mechanism:
         one_of("sampling", self.sampling, SAMPLINGS)
         one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
         object.__setattr__(self, "clip", positive_finite("clip", self.clip))
-        object.__setattr__(self, "noise_multiplier", positive_finite("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(
+            self, "noise_multiplier", positive_finite("noise_multiplier", self.noise_multiplier)
+        )
         if self.diameter is not None:
             d = positive_finite("diameter", self.diameter)
             if d > 2 * self.clip * (1 + 1e-12):
@@ -159,7 +160,9 @@ class Mechanism:
         relation = relation or self.neighbouring
         if relation == "replace-one" and self.sampling == "poisson":
             raise PrivacyInputError(
-                "relation", relation, "a Poisson round has no dp-accounting event under replace-one (a ledger "
+                "relation",
+                relation,
+                "a Poisson round has no dp-accounting event under replace-one (a ledger "
                 "mixing fixed-size and Poisson rounds): account it with method='pld'",
             )
         sensitivity = self.replace_sensitivity if relation == "replace-one" else self.clip
@@ -180,7 +183,7 @@ class Mechanism:
             D=self.replace_sensitivity,
         )
 
-    def replace(self, **changes) -> "Mechanism":
+    def replace(self, **changes) -> Mechanism:
         """A new validated mechanism with some fields changed (e.g. the clip of adaptive clipping).
 
         Changing ``sampling_rate`` clears ``clients_per_round`` and vice versa, unless both are given.
@@ -195,11 +198,13 @@ class Mechanism:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Mechanism":
+    def from_dict(cls, d: dict) -> Mechanism:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields
         if unknown:
-            raise PrivacyInputError("mechanism", sorted(unknown), f"unknown fields; allowed: {sorted(fields)}")
+            raise PrivacyInputError(
+                "mechanism", sorted(unknown), f"unknown fields; allowed: {sorted(fields)}"
+            )
         return cls(**d)
 
 
@@ -226,7 +231,7 @@ def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:
             )
     if len(mechs) == 1:
         return mechs[0]
-    z_eff = sum(m.normalized_noise ** -2 for m in mechs) ** -0.5
+    z_eff = sum(m.normalized_noise**-2 for m in mechs) ** -0.5
     first = mechs[0]
     # noise_multiplier such that noise_std / sensitivity == z_eff for the first mechanism's geometry
     z = z_eff * first.sensitivity / first.clip

@@ -19,14 +19,14 @@ import sys
 
 import numpy as np
 
-from fedsim.privacy.paper.audit import audit_closed_forms
-from fedsim.privacy.paper.calibration import calibrate_noise
-from fedsim.privacy.paper.generalization import statement_curve
 from fedsim.privacy.accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import SAMPLINGS, Mechanism
+from fedsim.privacy.paper.audit import audit_closed_forms
+from fedsim.privacy.paper.calibration import calibrate_noise
+from fedsim.privacy.paper.generalization import statement_curve
 
-__all__ = ["add_parser", "build_parser", "run", "main"]
+__all__ = ["add_parser", "build_parser", "main", "run"]
 
 # mechanism/accountant field -> command-line option, for error messages
 _OPTION = {
@@ -51,17 +51,32 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--clients-per-round", type=int, help="clients per round (fixed) or expected (poisson)")
     g.add_argument("--sampling-rate", type=float, help="sampling probability q in (0, 1]")
     p.add_argument("--sampling", default="poisson", help=f"one of {', '.join(SAMPLINGS)} (default poisson)")
-    p.add_argument("--noise-multiplier", type=float, default=None,
-                   help="Gaussian noise std on the sum / clip (required unless --target-epsilon)")
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="Gaussian noise std on the sum / clip (required unless --target-epsilon)",
+    )
     p.add_argument("--clip", type=float, default=1.0, help="L2 clip of one client's update (default 1)")
     p.add_argument("--noise-placement", default="central", help="central or distributed (default central)")
     p.add_argument("--rounds", type=int, required=True, help="number of rounds T")
     p.add_argument("--delta", type=float, default=1e-5, help="target delta in (0, 1) (default 1e-5)")
-    p.add_argument("--methods", nargs="+", default=list(ACCOUNTANTS), metavar="METHOD",
-                   help=f"accountants to run (default all): {', '.join(ACCOUNTANTS)}")
-    p.add_argument("--target-epsilon", type=float, default=None,
-                   help="calibrate: print the noise multiplier meeting this epsilon after --rounds, per method")
-    p.add_argument("--json", action="store_true", help="machine-readable output: per-round arrays for every method")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(ACCOUNTANTS),
+        metavar="METHOD",
+        help=f"accountants to run (default all): {', '.join(ACCOUNTANTS)}",
+    )
+    p.add_argument(
+        "--target-epsilon",
+        type=float,
+        default=None,
+        help="calibrate: print the noise multiplier meeting this epsilon after --rounds, per method",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output: per-round arrays for every method"
+    )
     p.set_defaults(func=run)
     return p
 
@@ -69,15 +84,20 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``privacy`` on an argparse subparsers object (``func=run``)."""
     p = subparsers.add_parser(
-        "privacy", help="epsilon per round by accountant, paper-bound audit, generalization statements",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "privacy",
+        help="epsilon per round by accountant, paper-bound audit, generalization statements",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return _configure(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return _configure(argparse.ArgumentParser(prog="fedsim privacy", description=__doc__,
-                                              formatter_class=argparse.RawDescriptionHelpFormatter))
+    return _configure(
+        argparse.ArgumentParser(
+            prog="fedsim privacy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+    )
 
 
 def _checkpoints(T: int) -> list[int]:
@@ -105,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except PrivacyInputError as e:
-        return _fail(_OPTION.get(e.field, "--" + str(e.field).replace("_", "-")), f"{e.value!r} is invalid: {e.allowed}")
+        return _fail(
+            _OPTION.get(e.field, "--" + str(e.field).replace("_", "-")),
+            f"{e.value!r} is invalid: {e.allowed}",
+        )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -121,8 +144,12 @@ def _run(args: argparse.Namespace) -> int:
         raise PrivacyInputError("noise_multiplier", None, "required (or give --target-epsilon to calibrate)")
     z = args.noise_multiplier if args.noise_multiplier is not None else 1.0
     mech = Mechanism(
-        population=args.population, sampling=args.sampling, sampling_rate=args.sampling_rate,
-        clients_per_round=args.clients_per_round, clip=args.clip, noise_multiplier=z,
+        population=args.population,
+        sampling=args.sampling,
+        sampling_rate=args.sampling_rate,
+        clients_per_round=args.clients_per_round,
+        clip=args.clip,
+        noise_multiplier=z,
         noise_placement=args.noise_placement,
     )
     T, delta = int(args.rounds), float(args.delta)
@@ -142,20 +169,31 @@ def _run(args: argparse.Namespace) -> int:
 
     shown = tuple(_checkpoints(T))  # the rounds the table prints: exact there
     curves = {m: compute_curve(mech, T, delta, m, exact_at=shown) for m in methods}
-    cert_method = next((m for m in ("pld", "rdp", "kairouz", "igmm-corrected", "basic") if m in curves), "pld")
+    cert_method = next(
+        (m for m in ("pld", "rdp", "kairouz", "igmm-corrected", "basic") if m in curves), "pld"
+    )
     cert_curve = curves[cert_method] if cert_method in curves else compute_curve(mech, T, delta, cert_method)
     gen = {v: statement_curve(cert_curve.epsilon, delta, mech.population, v) for v in ("uai", "arxiv")}
     audit = audit_closed_forms(mech, T, delta) if any(m in PAPER_BOUNDS for m in methods) else {}
 
     if args.json:
         doc = dict(
-            mechanism=dict(mech.to_dict(), q=mech.q, expected_cohort=mech.expected_cohort,
-                           neighbouring=mech.neighbouring, sensitivity=mech.sensitivity, noise_std=mech.noise_std),
-            rounds=T, delta=delta, certified_method=cert_method,
+            mechanism=dict(
+                mech.to_dict(),
+                q=mech.q,
+                expected_cohort=mech.expected_cohort,
+                neighbouring=mech.neighbouring,
+                sensitivity=mech.sensitivity,
+                noise_std=mech.noise_std,
+            ),
+            rounds=T,
+            delta=delta,
+            certified_method=cert_method,
             methods={m: c.to_dict() for m, c in curves.items()},
             generalization=gen,
             audit={k: {kk: _jsonable(vv) for kk, vv in v.items()} for k, v in audit.items()},
-            calibration=calibration, target_epsilon=args.target_epsilon,
+            calibration=calibration,
+            target_epsilon=args.target_epsilon,
         )
         json.dump(doc, sys.stdout, indent=None, allow_nan=False, default=_jsonable)
         sys.stdout.write("\n")
@@ -186,8 +224,11 @@ def _cell(x: float) -> str:
 
 def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target) -> str:
     lines = []
-    samp = {"poisson": f"Poisson q={mech.q:.4g}", "fixed": f"fixed tau={mech.tau:g} (q={mech.q:.4g})",
-            "all": "everyone"}[mech.sampling]
+    samp = {
+        "poisson": f"Poisson q={mech.q:.4g}",
+        "fixed": f"fixed tau={mech.tau:g} (q={mech.q:.4g})",
+        "all": "everyone",
+    }[mech.sampling]
     lines.append(
         f"population {mech.population}, {samp}, {mech.neighbouring}, clip {mech.clip:g}, "
         f"noise multiplier {mech.noise_multiplier:.4g} (std {mech.noise_std:.4g} on the sum, {mech.noise_placement}), "
@@ -201,14 +242,20 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
             lines.append(f"  {m:<15} {'no statement' if z is None else f'{z:.4g}'}{tag}")
     lines.append("")
     names = list(curves)
-    header = ["round"] + [n + ("*" if n in PAPER_BOUNDS else "") for n in names] + ["gen (UAI, from " + cert_method + ")"]
+    header = (
+        ["round"]
+        + [n + ("*" if n in PAPER_BOUNDS else "") for n in names]
+        + ["gen (UAI, from " + cert_method + ")"]
+    )
     rows = []
     for t in _checkpoints(T):
         row = [str(t)]
         for n in names:
             c = curves[n]
             e = c.epsilon[t - 1]
-            row.append(_cell(e) if math.isfinite(e) else ("undef" if "undefined" in str(c.status[t - 1]) else "none"))
+            row.append(
+                _cell(e) if math.isfinite(e) else ("undef" if "undefined" in str(c.status[t - 1]) else "none")
+            )
         g = gen["uai"][t - 1]
         if g["status"] == "ok":
             row.append(f"ok: P(|gap|>{g['a']:.3g})<{g['b']:.2g}")
@@ -218,24 +265,40 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
             row.append(f"none: needs N>={g['n_min']}" if g["n_min"] else "none")
         rows.append(row)
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
-    lines.append("  ".join(h.rjust(w) if i < len(header) - 1 else h for i, (h, w) in enumerate(zip(header, widths))))
+    lines.append(
+        "  ".join(
+            h.rjust(w) if i < len(header) - 1 else h
+            for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    )
     for r in rows:
-        lines.append("  ".join(v.rjust(w) if i < len(r) - 1 else v for i, (v, w) in enumerate(zip(r, widths))))
+        lines.append(
+            "  ".join(
+                v.rjust(w) if i < len(r) - 1 else v for i, (v, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
     lines.append("")
-    lines.append("epsilon at the given delta; pld, rdp: certified (dp-accounting); igmm-corrected, kairouz, basic: "
-                 "valid closed-form bounds; * = paper bound (not a certificate); undef = the printed bound is "
-                 "undefined there; none = no statement at this delta")
+    lines.append(
+        "epsilon at the given delta; pld, rdp: certified (dp-accounting); igmm-corrected, kairouz, basic: "
+        "valid closed-form bounds; * = paper bound (not a certificate); undef = the printed bound is "
+        "undefined there; none = no statement at this delta"
+    )
     for n in names:
         for note in curves[n].notes:
             if n not in PAPER_BOUNDS and note:
                 lines.append(f"{n}: {note}")
     g_last = gen["uai"][-1]
-    need = (f"the statement needs N >= {g_last['n_min']:,} clients" if g_last["n_min"]
-            else "no population size gives a statement at this epsilon (too large)")
+    need = (
+        f"the statement needs N >= {g_last['n_min']:,} clients"
+        if g_last["n_min"]
+        else "no population size gives a statement at this epsilon (too large)"
+    )
     lines.append(f"generalization (UAI Thm 1) after round {T}: {g_last['status']}; {need}")
     g_ax = gen["arxiv"][-1]
-    lines.append(f"generalization (arXiv Thm 1) after round {T}: {g_ax['status']}"
-                 + (f" (a={g_ax['a']:.3g}, b={g_ax['b']:.2g})" if g_ax["status"] == "ok" else ""))
+    lines.append(
+        f"generalization (arXiv Thm 1) after round {T}: {g_ax['status']}"
+        + (f" (a={g_ax['a']:.3g}, b={g_ax['b']:.2g})" if g_ax["status"] == "ok" else "")
+    )
     if audit:
         lines.append("")
         lines.append(f"audit after round {T}:")

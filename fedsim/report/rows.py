@@ -71,12 +71,17 @@ def evaluation_columns(
         cols.update(heldout_loss=ho["loss"], heldout_accuracy=ho["accuracy"])
         if data.num_domains > 1:
             cols["domains_heldout"] = domain_means(heldout_rows, data)
-            cols["worst_domain_heldout_loss"] = max(d["loss"] for d in cols["domains_heldout"] if d["clients"])
+            cols["worst_domain_heldout_loss"] = max(
+                d["loss"] for d in cols["domains_heldout"] if d["clients"]
+            )
     if train_rows is not None:
         tr = client_means(train_rows)
         diag: dict[str, Any] = {"train_loss": tr["loss"], "train_accuracy": tr["accuracy"]}
         if heldout_rows is not None:
-            diag.update(gap_loss=cols["heldout_loss"] - tr["loss"], gap_accuracy=tr["accuracy"] - cols["heldout_accuracy"])
+            diag.update(
+                gap_loss=cols["heldout_loss"] - tr["loss"],
+                gap_accuracy=tr["accuracy"] - cols["heldout_accuracy"],
+            )
         if data.num_domains > 1:
             diag["domains_train"] = domain_means(train_rows, data)
             diag["worst_domain_train_loss"] = max(d["loss"] for d in diag["domains_train"] if d["clients"])
@@ -118,7 +123,12 @@ PRIVACY_SCOPE = (
 
 
 def summary(
-    scenario: Any, rows: list[dict[str, Any]], strategy: Any, stopped: str | None, timings: dict, population: int
+    scenario: Any,
+    rows: list[dict[str, Any]],
+    strategy: Any,
+    stopped: str | None,
+    timings: dict,
+    population: int,
 ) -> dict[str, Any]:
     """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds."""
     last = rows[-1] if rows else {}
@@ -128,11 +138,20 @@ def summary(
         "rounds_completed": len(rows),
         "rounds_planned": scenario.rounds,
         "stopped_reason": stopped,
-        "final": {k: last.get(k) for k in (
-            "heldout_loss", "heldout_accuracy", "epsilon", "paper_epsilon_igmm", "paper_epsilon_igmm-corrected",
-            "generalization",
-        )},
-        "final_non_private": {k: diag.get(k) for k in ("train_loss", "train_accuracy", "gap_loss", "gap_accuracy")},
+        "final": {
+            k: last.get(k)
+            for k in (
+                "heldout_loss",
+                "heldout_accuracy",
+                "epsilon",
+                "paper_epsilon_igmm",
+                "paper_epsilon_igmm-corrected",
+                "generalization",
+            )
+        },
+        "final_non_private": {
+            k: diag.get(k) for k in ("train_loss", "train_accuracy", "gap_loss", "gap_accuracy")
+        },
         "delta": scenario.privacy.delta,
         "accountant": scenario.privacy.accountant,
         "randomness": strategy.randomness,
@@ -156,7 +175,9 @@ def audit(scenario: Any, strategy: Any, population: int) -> dict[str, Any]:
         found = audit_closed_forms(mechs["model"], scenario.rounds, scenario.privacy.delta)
         out["verdicts"] = {k: v.get("verdict") for k, v in found.items() if isinstance(v, dict)}
         out["verdicts_describe"] = "the model release alone, as the papers state their theorems"
-        out["min_population_for_statement"] = min_population(mechs["round"], scenario.rounds, scenario.privacy.delta)
+        out["min_population_for_statement"] = min_population(
+            mechs["round"], scenario.rounds, scenario.privacy.delta
+        )
         out["min_population_describes"] = "all of a round's releases composed (what the ledger accounts)"
     except Exception as exc:  # the audit explains paper bounds; it must never cost a run its results
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -175,5 +196,7 @@ def client_means(rows: np.ndarray) -> dict[str, float]:
 
 def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:
     """:func:`client_means` per domain (index = domain)."""
-    doms = np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
+    doms = (
+        np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
+    )
     return [client_means(rows[doms == d]) for d in range(int(data.num_domains))]

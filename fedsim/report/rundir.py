@@ -47,7 +47,7 @@ def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") ->
 class RunWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
 
     def write_json(self, name: str, obj: Any) -> Path:
         target = self.path / name

@@ -11,7 +11,14 @@ on call order or worker count. With ``seed=None`` every value comes from the ope
 (``os.urandom``): deployments use that.
 """
 
-from .noise import NOISE_PLACEMENTS, GaussianNoiseSource, NoiseSource, gaussian_noise, noise_share_std, private_mean
+from .noise import (
+    NOISE_PLACEMENTS,
+    GaussianNoiseSource,
+    NoiseSource,
+    gaussian_noise,
+    noise_share_std,
+    private_mean,
+)
 from .partial import PartialSum, bounded_value, clip_update, flatten, unflatten
 from .randomness import (
     OS_ENTROPY,

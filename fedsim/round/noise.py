@@ -46,7 +46,9 @@ class NoiseSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
-            raise ValueError(f"a {state.get('name')!r} noise source's state cannot be loaded into {self.name!r}")
+            raise ValueError(
+                f"a {state.get('name')!r} noise source's state cannot be loaded into {self.name!r}"
+            )
         self.seed = state.get("seed")
 
 
@@ -93,7 +95,9 @@ def private_mean(
             missing = max(cohort_size - partial.noise_shares, 0)
             server_var = full_var * missing / cohort_size
     else:
-        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}")
+        raise ValueError(
+            f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}"
+        )
     std = math.sqrt(server_var)
     noised = partial.total + gaussian_noise(partial.dim, std, rng)
     return noised / expected_cohort, std

@@ -125,7 +125,9 @@ class PartialSum:
         rows). A numpy array is viewed as a CPU tensor (no copy): one implementation serves both.
         """
         if getattr(updates, "ndim", None) != 2:
-            raise ValueError(f"add_batch needs a [K, dim] array of updates, got shape {getattr(updates, 'shape', None)}")
+            raise ValueError(
+                f"add_batch needs a [K, dim] array of updates, got shape {getattr(updates, 'shape', None)}"
+            )
         k = int(updates.shape[0])
         if int(updates.shape[1]) != self.dim:  # like add(): a wrong shape is the clients' fault, counted
             self.reject(k)
@@ -135,8 +137,11 @@ class PartialSum:
         import torch  # torch only for tensor updates: the server side of a round needs numpy alone
 
         u = updates.detach() if _is_torch(updates) else torch.from_numpy(np.asarray(updates))
-        w = torch.ones(k, dtype=torch.float64, device=u.device) if weights is None else torch.as_tensor(
-            np.asarray(weights, dtype=np.float64), device=u.device)
+        w = (
+            torch.ones(k, dtype=torch.float64, device=u.device)
+            if weights is None
+            else torch.as_tensor(np.asarray(weights, dtype=np.float64), device=u.device)
+        )
         norms_t, finite_t = [], []
         total = torch.zeros(self.dim, dtype=torch.float64, device=u.device)
         for i in range(0, k, block):

@@ -104,7 +104,9 @@ class Sampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
-            raise ValueError(f"a {state.get('name')!r} sampler's state cannot be loaded into a {self.name!r} sampler")
+            raise ValueError(
+                f"a {state.get('name')!r} sampler's state cannot be loaded into a {self.name!r} sampler"
+            )
         self.seed = state.get("seed")
 
 

@@ -24,7 +24,10 @@ def _absorb(key: np.ndarray, value: np.ndarray | int) -> np.ndarray:
 
 
 def client_orders(
-    seed: int | None, server_round: int, client_ids: list[int] | np.ndarray, sizes: list[int] | np.ndarray,
+    seed: int | None,
+    server_round: int,
+    client_ids: list[int] | np.ndarray,
+    sizes: list[int] | np.ndarray,
     epochs: int,
 ) -> np.ndarray:
     """Batch orders ``[epochs, sum(sizes)]``: for each epoch, client ``j``'s permutation of
@@ -39,8 +42,10 @@ def client_orders(
             base = np.random.default_rng().integers(0, 2**63, dtype=np.uint64)
         else:
             base = np.uint64(int(seed) & (2**64 - 1))
-        base = _absorb(_absorb(splitmix64(np.asarray(base, dtype=np.uint64)), int(server_round) & (2**64 - 1)),
-                       STREAM_CLIENT)
+        base = _absorb(
+            _absorb(splitmix64(np.asarray(base, dtype=np.uint64)), int(server_round) & (2**64 - 1)),
+            STREAM_CLIENT,
+        )
         cids = np.asarray([int(c) & (2**64 - 1) for c in client_ids], dtype=np.uint64)
         client_key = _absorb(np.full(cids.shape, base, dtype=np.uint64), cids)
         seg = np.repeat(np.arange(sizes.size), sizes)
@@ -51,6 +56,8 @@ def client_orders(
         high = seg.astype(np.uint64) << np.uint64(64 - nbits) if nbits else np.uint64(0)
         for e in range(int(epochs)):
             key = _absorb(np.repeat(_absorb(client_key, e), sizes), local.astype(np.uint64))
-            order = np.argsort(high | (key >> np.uint64(nbits)), kind="stable")  # a permutation within each client
+            order = np.argsort(
+                high | (key >> np.uint64(nbits)), kind="stable"
+            )  # a permutation within each client
             out[e] = local[order]
     return out

@@ -47,15 +47,19 @@ def _conv1d(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, conv: nn.C
     span = stride * (lo - 1) + 1
     cols = torch.cat([hp[:, :, j : j + span : stride, :] for j in range(ksize)], dim=-1)  # [K, B, Lo, k*C]
     wm = w.permute(0, 3, 2, 1).reshape(k_, ksize * c, co)  # rows ordered (tap, channel) like cols
-    out = torch.bmm(cols.reshape(k_, n * lo, ksize * c), wm) if b is None else torch.baddbmm(
-        b.unsqueeze(1), cols.reshape(k_, n * lo, ksize * c), wm
+    out = (
+        torch.bmm(cols.reshape(k_, n * lo, ksize * c), wm)
+        if b is None
+        else torch.baddbmm(b.unsqueeze(1), cols.reshape(k_, n * lo, ksize * c), wm)
     )
     return out.view(k_, n, lo, co)
 
 
 def _supported_conv(conv: nn.Conv1d) -> bool:
     return (
-        conv.groups == 1 and conv.dilation == (1,) and conv.padding_mode == "zeros"
+        conv.groups == 1
+        and conv.dilation == (1,)
+        and conv.padding_mode == "zeros"
         and isinstance(conv.padding, tuple)
     )
 
@@ -63,6 +67,7 @@ def _supported_conv(conv: nn.Conv1d) -> bool:
 def stacked_forward(model: nn.Module) -> StackedForward | None:
     """The stacked forward of ``model`` (see the module docstring), or ``None`` if it has none."""
     if isinstance(model, LogReg):
+
         def logreg(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
             return _linear(x.flatten(2), p["linear.weight"], p["linear.bias"])
 
@@ -81,13 +86,19 @@ def stacked_forward(model: nn.Module) -> StackedForward | None:
         def mlp(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
             h = x.flatten(2)
             for kind, name in layers:
-                h = _linear(h, p[f"{name}.weight"], p.get(f"{name}.bias")) if kind == "linear" else torch.relu(h)
+                h = (
+                    _linear(h, p[f"{name}.weight"], p.get(f"{name}.bias"))
+                    if kind == "linear"
+                    else torch.relu(h)
+                )
             return h
 
         return mlp
 
     if isinstance(model, CNN1D):
-        if not (_supported_conv(model.conv1) and _supported_conv(model.conv2) and isinstance(model.act, nn.ReLU)):
+        if not (
+            _supported_conv(model.conv1) and _supported_conv(model.conv2) and isinstance(model.act, nn.ReLU)
+        ):
             return None
         c1, c2 = model.conv1, model.conv2
 
@@ -139,8 +150,13 @@ def dense_step(model: nn.Module) -> StackedStep | None:
         return None
 
     @torch.no_grad()
-    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-             count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def step(
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        count: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         acts = [x.flatten(2)]
         for name, relu in layers:
             h = _linear(acts[-1], params[f"{name}.weight"], params.get(f"{name}.bias"))
@@ -192,14 +208,25 @@ def _cnn1d_step(model: CNN1D) -> StackedStep | None:
     """:func:`dense_step` for :class:`CNN1D` (two stride/padding Conv1d+ReLU layers and a linear head), with
     the convolutions as im2col GEMMs in channels-last layout and their backward written out."""
     c1, c2 = model.conv1, model.conv2
-    if not (_supported_conv(c1) and _supported_conv(c2) and isinstance(model.act, nn.ReLU)
-            and c1.bias is not None and c2.bias is not None and model.head.bias is not None):
+    if not (
+        _supported_conv(c1)
+        and _supported_conv(c2)
+        and isinstance(model.act, nn.ReLU)
+        and c1.bias is not None
+        and c2.bias is not None
+        and model.head.bias is not None
+    ):
         return None
     relu_grad = torch.ops.aten.threshold_backward  # grad * (output > 0), one kernel
 
     @torch.no_grad()
-    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-             count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def step(
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        count: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         k_, n = x.shape[0], x.shape[1]
         w1, b1 = params["conv1.weight"], params["conv1.bias"]
         w2, b2 = params["conv2.weight"], params["conv2.bias"]
@@ -226,8 +253,14 @@ def _cnn1d_step(model: CNN1D) -> StackedStep | None:
         da1 = _col2im(torch.bmm(dz2, w2m.transpose(1, 2)), c2, l1, ch1).reshape(k_, n * l1, ch1)
         dz1 = relu_grad(da1, a1, 0.0)
         g_w1 = torch.bmm(cols1.transpose(1, 2), dz1).view(k_, k1, ch0, ch1).permute(0, 3, 2, 1).contiguous()
-        grads = {"conv1.weight": g_w1, "conv1.bias": dz1.sum(1), "conv2.weight": g_w2, "conv2.bias": dz2.sum(1),
-                 "head.weight": g_head, "head.bias": d.sum(1)}
+        grads = {
+            "conv1.weight": g_w1,
+            "conv1.bias": dz1.sum(1),
+            "conv2.weight": g_w2,
+            "conv2.bias": dz2.sum(1),
+            "head.weight": g_head,
+            "head.bias": d.sum(1),
+        }
         return grads, losses
 
     return step

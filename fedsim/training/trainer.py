@@ -74,14 +74,16 @@ def pick_device(device: str | None = None) -> torch.device:
 class ClientTrainer:
     """Trains and evaluates clients of one :class:`~fedsim.data.FederatedData` with one model."""
 
-    def __init__(self, data: Any, settings: TrainSettings, device: str | None = None, cache_clients: int = 20000):
+    def __init__(
+        self, data: Any, settings: TrainSettings, device: str | None = None, cache_clients: int = 20000
+    ):
         self.data = data
         self.settings = settings
         self.device = pick_device(device)
         torch.manual_seed(settings.seed)
-        self.model = build_model(settings.model, data.input_dim, data.num_classes, **settings.model_kwargs).to(
-            self.device
-        )
+        self.model = build_model(
+            settings.model, data.input_dim, data.num_classes, **settings.model_kwargs
+        ).to(self.device)
         self.params = [p for p in self.model.parameters()]
         self.dim = sum(p.numel() for p in self.params)
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = (
@@ -94,8 +96,10 @@ class ClientTrainer:
         if self._cache is not None and cid in self._cache:
             return self._cache[cid]
         x, y = self.data.client_data(int(cid))
-        t = (torch.as_tensor(x, dtype=torch.float32, device=self.device),
-             torch.as_tensor(y, dtype=torch.long, device=self.device))
+        t = (
+            torch.as_tensor(x, dtype=torch.float32, device=self.device),
+            torch.as_tensor(y, dtype=torch.long, device=self.device),
+        )
         if self._cache is not None:
             self._cache[cid] = t
         return t
@@ -117,13 +121,17 @@ class ClientTrainer:
         return torch.as_tensor(np.asarray(weights), dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ training
-    def train_one(self, cid: int, server_round: int, global_w: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def train_one(
+        self, cid: int, server_round: int, global_w: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """Local training of one client from ``global_w``; returns (update, metrics)."""
         s = self.settings
         self._load(global_w)
         x, y = self._tensors(cid)
         n = int(y.shape[0])
-        orders = torch.from_numpy(client_orders(s.seed, server_round, [cid], [n], s.local_epochs)).to(self.device)
+        orders = torch.from_numpy(client_orders(s.seed, server_round, [cid], [n], s.local_epochs)).to(
+            self.device
+        )
         # plain SGD (heavy-ball momentum with torch.optim.SGD's convention: buf = momentum * buf + grad,
         # w -= lr * buf), written out: torch.optim's first use costs about a second of imports per process
         lr, mom = float(s.lr), float(s.momentum) if s.optimizer == "momentum" else 0.0
@@ -143,7 +151,12 @@ class ClientTrainer:
                 loss_sum += float(loss.detach())
                 steps += 1
         update = self._flat() - global_w
-        metrics = {"client": int(cid), "num_examples": n, "train_loss": loss_sum / max(steps, 1), "trainer": "loop"}
+        metrics = {
+            "client": int(cid),
+            "num_examples": n,
+            "train_loss": loss_sum / max(steps, 1),
+            "trainer": "loop",
+        }
         return update, metrics
 
     def train(
@@ -187,7 +200,15 @@ class ClientTrainer:
                 kept.append(cid)
             cids = kept
         partial, metrics = self._train_cohort(
-            partial, server_round, cids, global_w, clip, noise_share_std, client_weights, noise_seed, count_share_std
+            partial,
+            server_round,
+            cids,
+            global_w,
+            clip,
+            noise_share_std,
+            client_weights,
+            noise_seed,
+            count_share_std,
         )
         if losses:  # the losses of the clients whose update was accepted join the per-domain sums
             num_domains = int(self.data.num_domains)
@@ -199,15 +220,24 @@ class ClientTrainer:
         return partial, metrics
 
     def _train_cohort(
-        self, partial: PartialSum, server_round: int, cids: list[int], global_w: torch.Tensor, clip: float,
-        noise_share_std: float, client_weights: dict[int, float] | None, noise_seed: int | None,
+        self,
+        partial: PartialSum,
+        server_round: int,
+        cids: list[int],
+        global_w: torch.Tensor,
+        clip: float,
+        noise_share_std: float,
+        client_weights: dict[int, float] | None,
+        noise_seed: int | None,
         count_share_std: float,
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
         metrics: list[dict[str, Any]] = []
         if self.settings.vectorize and cids and noise_share_std == 0:
             # the whole chunk is clipped and summed on the device at once; only the sum leaves it
             for updates, chunk_metrics in train_vectorized_chunks(self, server_round, cids, global_w):
-                weights = None if client_weights is None else [client_weights[m["client"]] for m in chunk_metrics]
+                weights = (
+                    None if client_weights is None else [client_weights[m["client"]] for m in chunk_metrics]
+                )
                 norms = partial.add_batch(updates, clip, weights)
                 for m, norm in zip(chunk_metrics, norms, strict=True):
                     m["update_norm"] = float(norm)

@@ -59,16 +59,27 @@ def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Te
         return manual
     forward = stacked_forward(model)
     if forward is None:
-        def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-                    count: torch.Tensor) -> torch.Tensor:
+
+        def loss_fn(
+            params: dict[str, torch.Tensor],
+            x: torch.Tensor,
+            y: torch.Tensor,
+            mask: torch.Tensor,
+            count: torch.Tensor,
+        ) -> torch.Tensor:
             logits = functional_call(model, params, (x,))
             losses = F.cross_entropy(logits, y, reduction="none")
             return (losses * mask).sum() / count
 
         return vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0))
 
-    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-             count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def step(
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        count: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
         with torch.enable_grad():
             logits = forward(leaves, x)
@@ -115,8 +126,12 @@ def _metrics(
     ``trainer``: which implementation trained the client."""
     bsz, epochs = int(trainer.settings.batch_size), int(trainer.settings.local_epochs)
     return [
-        {"client": int(c), "num_examples": int(n), "train_loss": float(lv) / max(1, math.ceil(n / bsz) * epochs),
-         "trainer": path}
+        {
+            "client": int(c),
+            "num_examples": int(n),
+            "train_loss": float(lv) / max(1, math.ceil(n / bsz) * epochs),
+            "trainer": path,
+        }
         for c, n, lv in zip(cids, sizes, loss_sums, strict=True)
     ]
 
@@ -147,7 +162,15 @@ def _train_chunk_native(
     order = client_orders(s.seed, server_round, cids, n, int(s.local_epochs)) + np.repeat(starts, n)[None, :]
     use_momentum = s.optimizer == "momentum" and s.momentum != 0.0
     updates, loss_sum = native.cnn1d_train(
-        dims, global_w, x_all, y_all, order, starts, n, float(s.lr), float(s.momentum) if use_momentum else 0.0
+        dims,
+        global_w,
+        x_all,
+        y_all,
+        order,
+        starts,
+        n,
+        float(s.lr),
+        float(s.momentum) if use_momentum else 0.0,
     )
     return updates, _metrics(trainer, cids, n.tolist(), loss_sum.tolist(), "native-cnn1d")
 

@@ -21,22 +21,27 @@ class LoopbackGrid(Grid):
         self.client_app = client_app
         self.node_ids = [1_000_003 * (i + 1) for i in range(num_nodes)]  # not the partition ids
         self.contexts = {
-            node: Context(run_id=1, node_id=node, node_config={"partition-id": i, "num-partitions": num_nodes},
-                          state=RecordDict(), run_config=dict(run_config))
+            node: Context(
+                run_id=1,
+                node_id=node,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
             for i, node in enumerate(self.node_ids)
         }
         self.sent: list[Message] = []
         self.replies: list[Message] = []
         self._pending: dict[str, Message] = {}
 
-    def set_run(self, run) -> None:  # noqa: D102
+    def set_run(self, run) -> None:
         pass
 
     @property
-    def run(self):  # noqa: D102
+    def run(self):
         raise NotImplementedError
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:  # noqa: D102
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -59,5 +64,7 @@ class LoopbackGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._pending.pop(m) for m in message_ids if m in self._pending]
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))

@@ -12,6 +12,7 @@ import tomllib
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
+from loopback import LoopbackGrid  # tests/apps/loopback.py (pytest puts this folder on sys.path)
 
 from fedsim.apps import client_app as client_module
 from fedsim.apps import server_app as server_module
@@ -20,8 +21,6 @@ from fedsim.experiment import build_strategy
 from fedsim.flower.grid import ClientIdGrid
 from fedsim.round import STREAM_NOISE, STREAM_NOISE_SHARE, clip_update, flatten, make_rng
 from fedsim.training.trainer import initial_weights
-
-from loopback import LoopbackGrid  # tests/apps/loopback.py (pytest puts this folder on sys.path)
 
 NODES = 4
 
@@ -34,6 +33,7 @@ def _task_identity(monkeypatch):
     for attr, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 0)):
         monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
 
+
 BASE = (
     "seed=0 rounds=2 data.num_clients=5 data.heldout_fraction=0.2 client.local_epochs=1 privacy.sampling=all "
     "privacy.sampling_rate=none privacy.clip=1.0 privacy.noise_multiplier=1.0 engine.name=local"
@@ -41,8 +41,13 @@ BASE = (
 
 
 def _deploy(tmp_path, name: str, overrides: str = BASE, **run_config) -> LoopbackGrid:
-    cfg = {"scenario": "quickstart", "overrides": overrides, "min-nodes": NODES, "run-dir": str(tmp_path / name),
-           **run_config}
+    cfg = {
+        "scenario": "quickstart",
+        "overrides": overrides,
+        "min-nodes": NODES,
+        "run-dir": str(tmp_path / name),
+        **run_config,
+    }
     grid = LoopbackGrid(client_module.app, NODES, cfg)
     server_module.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     return grid
@@ -116,11 +121,15 @@ def test_deployed_distributed_shares_come_from_os_entropy_and_replies_carry_no_r
     share_std = 1.0 / math.sqrt(NODES)
     node_to_client = {node: int(data.train_clients[i]) for i, node in enumerate(runs[0].node_ids)}
     for node in runs[0].node_ids:
-        a, b = (flatten(next(iter(r[node].content.array_records.values())).to_numpy_ndarrays()) for r in (ra, rb))
+        a, b = (
+            flatten(next(iter(r[node].content.array_records.values())).to_numpy_ndarrays()) for r in (ra, rb)
+        )
         # the same client, the same local training: the replies differ only by the client's own noise share
         diff = a - b
         assert 0.8 * share_std * math.sqrt(2) < diff.std() < 1.2 * share_std * math.sqrt(2)
-        seeded = make_rng(scenario.seed, 1, STREAM_NOISE_SHARE, node_to_client[node]).normal(0.0, share_std, a.size)
+        seeded = make_rng(scenario.seed, 1, STREAM_NOISE_SHARE, node_to_client[node]).normal(
+            0.0, share_std, a.size
+        )
         assert np.max(np.abs((a - w0a) - seeded)) > 1.0
         for reply in (ra[node], rb[node]):
             metrics = {k: v for rec in reply.content.metric_records.values() for k, v in rec.items()}
@@ -134,7 +143,9 @@ def test_deployed_rows_hold_only_private_values_unless_diagnostics_are_asked_for
 
     quiet = _deploy(tmp_path, "quiet")
     rows = [json.loads(x) for x in (tmp_path / "quiet" / "metrics.jsonl").read_text().splitlines() if x]
-    assert rows and all("non_private" not in r and "cohort" not in r and "train_accuracy" not in r for r in rows)
+    assert rows and all(
+        "non_private" not in r and "cohort" not in r and "train_accuracy" not in r for r in rows
+    )
     assert all("heldout_accuracy" in r and r["epsilon"] > 0 for r in rows)
     assert quiet.replies
     _deploy(tmp_path, "loud", diagnostics=True)

@@ -31,16 +31,29 @@ def test_agnostic_strategy_runs_in_flower_simulation_through_the_shipped_apps(mo
     monkeypatch.setenv("FEDSIM_OVERRIDES", OVERRIDES)
     if ray.is_initialized():  # workers of an earlier Ray instance would not see the variables above
         ray.shutdown()
-    run_config = {"scenario": "quickstart", "overrides": OVERRIDES, "min-nodes": NUM_SUPERNODES,
-                  "diagnostics": True, "run-dir": str(tmp_path / "run")}
+    run_config = {
+        "scenario": "quickstart",
+        "overrides": OVERRIDES,
+        "min-nodes": NUM_SUPERNODES,
+        "diagnostics": True,
+        "run-dir": str(tmp_path / "run"),
+    }
     errors: list[BaseException] = []
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            server_app.main(grid, Context(run_id=context.run_id, node_id=context.node_id, node_config={},
-                                          state=context.state, run_config=run_config))
+            server_app.main(
+                grid,
+                Context(
+                    run_id=context.run_id,
+                    node_id=context.node_id,
+                    node_config={},
+                    state=context.state,
+                    run_config=run_config,
+                ),
+            )
         except BaseException as exc:  # Flower swallows ServerApp errors
             errors.append(exc)
             raise
@@ -49,15 +62,21 @@ def test_agnostic_strategy_runs_in_flower_simulation_through_the_shipped_apps(mo
         server_app=app,
         client_app=client_app,
         num_supernodes=NUM_SUPERNODES,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": 2, "include_dashboard": False}},
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2, "include_dashboard": False},
+        },
     )
     assert not errors, errors
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line
+    ]
     assert [r["round"] for r in rows] == [1, 2]
     for r in rows:
         diag = r["non_private"]
-        assert diag["cohort"] == NUM_SUPERNODES and diag["received"] == NUM_SUPERNODES and diag["rejected"] == 0, r
+        assert (
+            diag["cohort"] == NUM_SUPERNODES and diag["received"] == NUM_SUPERNODES and diag["rejected"] == 0
+        ), r
         assert len(r["lambda_used"]) == 2 and len(r["domain_loss_noised"]) == 2 and r["epsilon"] > 0
         assert r["randomness"] == "os-entropy"
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())

@@ -10,7 +10,9 @@ from fedsim.scenarios import ScenarioError, available_scenarios, load_scenario, 
 
 
 def _fedsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fedsim.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "fedsim.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def test_unknown_scenario_lists_the_available_ones():
@@ -87,8 +89,19 @@ def test_scenarios_command_lists_quickstart(capsys):
 
 
 def test_data_errors_name_the_scenario_key_and_the_out_dir_stays_usable(tmp_path, capsys):
-    args = ["run", "quickstart", "--out", str(tmp_path), "--set", "engine.name=local",
-            "--set", "data.partitioner=pathological", "--set", "data.classes_per_client=20", "--no-progress"]
+    args = [
+        "run",
+        "quickstart",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "engine.name=local",
+        "--set",
+        "data.partitioner=pathological",
+        "--set",
+        "data.classes_per_client=20",
+        "--no-progress",
+    ]
     assert main(args) == 2
     assert "data.classes_per_client=20" in capsys.readouterr().err
     # a run that failed before its first round leaves an empty metrics.jsonl: the folder can be reused

@@ -10,8 +10,9 @@ from fedsim.data import DATASETS, PARTITIONERS, FederatedData, build_federated_d
 
 @pytest.fixture(scope="module")
 def dirichlet() -> FederatedData:
-    return build_federated_data("digits", num_clients=100, partitioner="dirichlet", alpha=0.5,
-                                heldout_fraction=0.1, seed=0)
+    return build_federated_data(
+        "digits", num_clients=100, partitioner="dirichlet", alpha=0.5, heldout_fraction=0.1, seed=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +35,20 @@ def test_shapes_and_dtypes(dirichlet):
     x, y = fd.client_data(int(fd.train_clients[0]))
     assert x.dtype == np.float32 and y.dtype == np.int64
     assert x.ndim == 2 and x.shape[1] == 64 and y.shape == (x.shape[0],)
-    assert 0.0 <= x.min() and x.max() <= 1.0
+    assert x.min() >= 0.0 and x.max() <= 1.0
     assert fd.num_examples(int(fd.train_clients[0])) == x.shape[0]
 
 
 def test_deterministic_in_seed(dirichlet):
-    again = build_federated_data("digits", num_clients=100, partitioner="dirichlet", alpha=0.5,
-                                 heldout_fraction=0.1, seed=0)
-    other = build_federated_data("digits", num_clients=100, partitioner="dirichlet", alpha=0.5,
-                                 heldout_fraction=0.1, seed=1)
-    assert all(np.array_equal(a, b) for a, b in zip(_all_rows(dirichlet), _all_rows(again)))
+    again = build_federated_data(
+        "digits", num_clients=100, partitioner="dirichlet", alpha=0.5, heldout_fraction=0.1, seed=0
+    )
+    other = build_federated_data(
+        "digits", num_clients=100, partitioner="dirichlet", alpha=0.5, heldout_fraction=0.1, seed=1
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(_all_rows(dirichlet), _all_rows(again), strict=True))
     assert np.array_equal(dirichlet.heldout_clients, again.heldout_clients)
-    assert not all(np.array_equal(a, b) for a, b in zip(_all_rows(dirichlet), _all_rows(other)))
+    assert not all(np.array_equal(a, b) for a, b in zip(_all_rows(dirichlet), _all_rows(other), strict=True))
     assert not np.array_equal(dirichlet.heldout_clients, other.heldout_clients)
 
 
@@ -102,7 +105,7 @@ def test_pickle_small_and_equal(dirichlet):
     assert len(blob) < 2_000_000
     back = pickle.loads(blob)
     for cid in (0, 17, 99):
-        for a, b in zip(dirichlet.client_data(cid), back.client_data(cid)):
+        for a, b in zip(dirichlet.client_data(cid), back.client_data(cid), strict=True):
             assert np.array_equal(a, b)
     assert np.array_equal(back.train_clients, dirichlet.train_clients)
 
@@ -118,8 +121,9 @@ def test_mnist1d_generated_offline():
 
 
 def test_domains_blocks_and_shift():
-    fd = build_federated_data("digits", num_clients=40, domains=[0.5, 0.3, 0.2], heldout_fraction=0.2,
-                              seed=0, domain_noise=0.2)
+    fd = build_federated_data(
+        "digits", num_clients=40, domains=[0.5, 0.3, 0.2], heldout_fraction=0.2, seed=0, domain_noise=0.2
+    )
     assert fd.num_domains == 3 and fd.domain_sizes == (20, 12, 8)
     assert [fd.domain(c) for c in (0, 19, 20, 31, 32, 39)] == [0, 0, 1, 1, 2, 2]
     assert np.array_equal(fd.domains_of([0, 20, 39]), [0, 1, 2])
@@ -192,5 +196,6 @@ def test_small_alpha_tops_up_with_default_minimum_and_fails_clearly_when_pinned(
     flat = np.concatenate(_all_rows(fd))
     assert np.unique(flat).size == flat.size == 1797
     with pytest.raises(ValueError, match="min_partition_size=2"):
-        build_federated_data("digits", num_clients=100, partitioner="dirichlet", alpha=0.05, seed=0,
-                             min_partition_size=2)
+        build_federated_data(
+            "digits", num_clients=100, partitioner="dirichlet", alpha=0.05, seed=0, min_partition_size=2
+        )

@@ -28,9 +28,9 @@ def test_local_data_files_become_arrays(tmp_path, monkeypatch):
     ds.to_parquet(str(folder / "train.parquet"))
     fd = build_federated_data(f"hf:{folder}", num_clients=6, partitioner="iid", heldout_fraction=0.0, seed=0)
     assert (fd.input_dim, fd.num_classes, fd.num_clients) == (16, 3, 6)
-    xs, ys = zip(*(fd.client_data(c) for c in range(6)))
+    xs, ys = zip(*(fd.client_data(c) for c in range(6)), strict=True)
     x, y = np.concatenate(xs), np.concatenate(ys)
-    assert x.dtype == np.float32 and 0.0 <= x.min() and x.max() <= 1.0 and y.dtype == np.int64
+    assert x.dtype == np.float32 and x.min() >= 0.0 and x.max() <= 1.0 and y.dtype == np.int64
     assert x.shape == (60, 16) and sorted(np.bincount(y)) == [20, 20, 20]
     with pytest.raises(ValueError, match="hub_label"):
         build_federated_data(f"hf:{folder}", num_clients=6, hub_label="colour")

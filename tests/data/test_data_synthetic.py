@@ -25,15 +25,21 @@ def test_million_clients_on_demand():
     assert x.dtype == np.float32 and x.shape[1] == 60 and y.dtype == np.int64
     assert x.shape[0] == fd.num_examples(123_456)
     again = build_federated_data("synthetic", num_clients=1_000_000, heldout_fraction=0.1, seed=7)
-    for a, b in zip(again.client_data(123_456), data[1]):
+    for a, b in zip(again.client_data(123_456), data[1], strict=True):
         assert np.array_equal(a, b)
-    for a, b in zip(fd.client_data(123_456), data[1]):
+    for a, b in zip(fd.client_data(123_456), data[1], strict=True):
         assert np.array_equal(a, b)
 
 
 def test_heldout_and_sizes():
-    fd = build_federated_data("synthetic", num_clients=1000, heldout_fraction=0.2, seed=0,
-                              synthetic_min_samples=20, synthetic_max_samples=300)
+    fd = build_federated_data(
+        "synthetic",
+        num_clients=1000,
+        heldout_fraction=0.2,
+        seed=0,
+        synthetic_min_samples=20,
+        synthetic_max_samples=300,
+    )
     assert fd.heldout_clients.size == 200 and fd.train_clients.size == 800
     assert np.intersect1d(fd.heldout_clients, fd.train_clients).size == 0
     sizes = fd.num_examples_array(np.arange(1000))

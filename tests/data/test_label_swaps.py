@@ -23,10 +23,17 @@ def test_label_maps_swap_disjoint_pairs_per_domain():
 
 @pytest.mark.parametrize("dataset", ["digits", "synthetic"])
 def test_clients_of_later_domains_see_swapped_labels_of_the_same_inputs(dataset):
-    kw = {"synthetic_iid": True, "synthetic_max_samples": 60} if dataset == "synthetic" else {"domain_shift": 0.0}
-    plain = build_federated_data(dataset, num_clients=60, heldout_fraction=0.0, domains=[0.5, 0.5], seed=1, **kw)
-    swapped = build_federated_data(dataset, num_clients=60, heldout_fraction=0.0, domains=[0.5, 0.5], seed=1,
-                                   domain_label_swaps=2, **kw)
+    kw = (
+        {"synthetic_iid": True, "synthetic_max_samples": 60}
+        if dataset == "synthetic"
+        else {"domain_shift": 0.0}
+    )
+    plain = build_federated_data(
+        dataset, num_clients=60, heldout_fraction=0.0, domains=[0.5, 0.5], seed=1, **kw
+    )
+    swapped = build_federated_data(
+        dataset, num_clients=60, heldout_fraction=0.0, domains=[0.5, 0.5], seed=1, domain_label_swaps=2, **kw
+    )
     maps = swapped._label_maps
     for cid in (0, 29, 30, 59):
         (x0, y0), (x1, y1) = plain.client_data(cid), swapped.client_data(cid)
@@ -37,4 +44,6 @@ def test_clients_of_later_domains_see_swapped_labels_of_the_same_inputs(dataset)
     unchanged = sum(int((swapped.client_data(c)[1] != plain.client_data(c)[1]).sum()) for c in range(30))
     assert changed > 0 and unchanged == 0
     with pytest.raises(ValueError, match="domain_label_swaps"):
-        build_federated_data(dataset, num_clients=60, heldout_fraction=0.0, domains=2, domain_label_swaps=-1, **kw)
+        build_federated_data(
+            dataset, num_clients=60, heldout_fraction=0.0, domains=2, domain_label_swaps=-1, **kw
+        )

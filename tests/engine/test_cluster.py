@@ -6,8 +6,8 @@ import pytest
 from fedsim.engine.ray_engine import RayEngine
 from fedsim.engine.runner import run_scenario
 from fedsim.experiment import build_data
-from fedsim.training.trainer import TrainSettings
 from fedsim.scenarios import load_scenario
+from fedsim.training.trainer import TrainSettings
 
 
 @pytest.fixture
@@ -25,8 +25,15 @@ def two_node_cluster():
 
 def test_clients_are_trained_on_both_nodes(two_node_cluster):
     scenario = load_scenario(
-        "quickstart", ["rounds=2", "data.num_clients=12", "privacy.sampling=all", "privacy.sampling_rate=none",
-                       "engine.eval_every=2", f"engine.ray_address={two_node_cluster.address!r}"]
+        "quickstart",
+        [
+            "rounds=2",
+            "data.num_clients=12",
+            "privacy.sampling=all",
+            "privacy.sampling_rate=none",
+            "engine.eval_every=2",
+            f"engine.ray_address={two_node_cluster.address!r}",
+        ],
     )
     data = build_data(scenario)
     settings = TrainSettings.from_scenario(scenario)
@@ -38,7 +45,10 @@ def test_clients_are_trained_on_both_nodes(two_node_cluster):
     finally:
         engine.close()
     assert len(set(nodes)) == 2
-    assert all(r["non_private"]["received"] == r["non_private"]["cohort"] == len(data.train_clients) for r in result.rows)
+    assert all(
+        r["non_private"]["received"] == r["non_private"]["cohort"] == len(data.train_clients)
+        for r in result.rows
+    )
     assert np.all(np.isfinite(result.weights))
 
 

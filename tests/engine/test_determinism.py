@@ -6,8 +6,8 @@ import pytest
 from fedsim.engine.ray_engine import LocalEngine, RayEngine
 from fedsim.engine.runner import run_scenario
 from fedsim.experiment import build_data
-from fedsim.training.trainer import TrainSettings
 from fedsim.scenarios import load_scenario
+from fedsim.training.trainer import TrainSettings
 
 OVERRIDES = ["rounds=3", "data.num_clients=24", "privacy.sampling_rate=0.5", "engine.eval_every=3"]
 
@@ -45,7 +45,9 @@ def test_one_and_two_workers_and_in_process_agree(scenario, ray_session):
             engine.close()
     for key in (1, 2):
         np.testing.assert_allclose(results[key].weights, local.weights, rtol=0, atol=1e-5)
-        assert [r["non_private"]["cohort"] for r in results[key].rows] == [r["non_private"]["cohort"] for r in local.rows]
+        assert [r["non_private"]["cohort"] for r in results[key].rows] == [
+            r["non_private"]["cohort"] for r in local.rows
+        ]
         assert results[key].rows[-1]["epsilon"] == local.rows[-1]["epsilon"]
 
 
@@ -53,7 +55,7 @@ def test_a_different_seed_gives_a_different_model(scenario):
     data = build_data(scenario)
     settings = TrainSettings.from_scenario(scenario)
     a = _final(scenario, LocalEngine(data, settings))
-    other = load_scenario("quickstart", OVERRIDES + ["seed=1"])
+    other = load_scenario("quickstart", [*OVERRIDES, "seed=1"])
     b = _final(other, LocalEngine(build_data(other), TrainSettings.from_scenario(other)))
     assert np.abs(a.weights - b.weights).max() > 1e-3
 

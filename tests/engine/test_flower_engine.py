@@ -7,8 +7,15 @@ import numpy as np
 from fedsim.scenarios import load_scenario
 
 TINY = [
-    "seed=5", "rounds=2", "data.num_clients=5", "data.heldout_fraction=0.2", "client.local_epochs=1",
-    "privacy.sampling=all", "privacy.sampling_rate=none", "privacy.noise_multiplier=0.7", "engine.name=local",
+    "seed=5",
+    "rounds=2",
+    "data.num_clients=5",
+    "data.heldout_fraction=0.2",
+    "client.local_epochs=1",
+    "privacy.sampling=all",
+    "privacy.sampling_rate=none",
+    "privacy.noise_multiplier=0.7",
+    "engine.name=local",
     # distributed noise: the ClientApp clips and adds its own share; the server adds none
     "privacy.noise_placement=distributed",
 ]
@@ -26,7 +33,9 @@ def test_flower_engine_matches_local_engine():
     scenario = load_scenario("quickstart", TINY)
     data = build_data(scenario)
     assert len(data.train_clients) == 4
-    local = run_scenario(scenario, write=False, engine=LocalEngine(data, TrainSettings.from_scenario(scenario)))
+    local = run_scenario(
+        scenario, write=False, engine=LocalEngine(data, TrainSettings.from_scenario(scenario))
+    )
 
     if ray.is_initialized():
         ray.shutdown()
@@ -39,10 +48,14 @@ def test_flower_engine_matches_local_engine():
         assert diag["server_noise_std"] == 0.0
         for key in ("epsilon", "heldout_accuracy", "generalization"):
             assert key in row
-        assert "train_accuracy" in diag and "train_accuracy" not in row  # training-client metrics: non-private
+        assert (
+            "train_accuracy" in diag and "train_accuracy" not in row
+        )  # training-client metrics: non-private
     assert len(flower.strategy.ledger) == 2
     np.testing.assert_allclose(flower.weights, local.weights, atol=1e-5, rtol=0)
     for a, b in zip(flower.rows, local.rows, strict=True):
         assert a["epsilon"] == b["epsilon"]
-        np.testing.assert_allclose(a["non_private"]["train_accuracy"], b["non_private"]["train_accuracy"], atol=1e-6)
+        np.testing.assert_allclose(
+            a["non_private"]["train_accuracy"], b["non_private"]["train_accuracy"], atol=1e-6
+        )
         np.testing.assert_allclose(a["heldout_accuracy"], b["heldout_accuracy"], atol=1e-6)

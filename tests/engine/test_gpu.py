@@ -16,16 +16,18 @@ def data():
     from fedsim.data import build_federated_data
 
     # Synthetic clients need no partitioner (no flwr-datasets / datasets on a bare GPU image)
-    return build_federated_data("synthetic", num_clients=200, heldout_fraction=0.0, synthetic_alpha=1,
-                                synthetic_beta=1, seed=3)
+    return build_federated_data(
+        "synthetic", num_clients=200, heldout_fraction=0.0, synthetic_alpha=1, synthetic_beta=1, seed=3
+    )
 
 
 def _settings(model="mlp", vectorize=False, **kw):
     from fedsim.training.trainer import TrainSettings
 
     mk = {"hidden": [32]} if model == "mlp" else {}
-    return TrainSettings(model=model, model_kwargs=mk, local_epochs=2, batch_size=8, lr=0.05, seed=1,
-                         vectorize=vectorize, **kw)
+    return TrainSettings(
+        model=model, model_kwargs=mk, local_epochs=2, batch_size=8, lr=0.05, seed=1, vectorize=vectorize, **kw
+    )
 
 
 @pytest.mark.parametrize("vectorize", [False, True])
@@ -42,15 +44,18 @@ def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
     gpu, m_gpu = gpu_trainer.train(2, cids, w, clip=1.0)
     assert gpu.count == cpu.count == cids.size and gpu.rejected == 0
     np.testing.assert_allclose(gpu.total, cpu.total, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose([m["update_norm"] for m in m_gpu], [m["update_norm"] for m in m_cpu], rtol=1e-3)
+    np.testing.assert_allclose(
+        [m["update_norm"] for m in m_gpu], [m["update_norm"] for m in m_cpu], rtol=1e-3
+    )
 
 
 def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
     from fedsim.data import build_federated_data
     from fedsim.training.trainer import ClientTrainer, initial_weights
 
-    d = build_federated_data("synthetic", num_clients=40, heldout_fraction=0.0, synthetic_alpha=0.5,
-                             synthetic_beta=0.5, seed=4)
+    d = build_federated_data(
+        "synthetic", num_clients=40, heldout_fraction=0.0, synthetic_alpha=0.5, synthetic_beta=0.5, seed=4
+    )
     s = _settings("cnn1d", vectorize=True)
     w = initial_weights(s, d.input_dim, d.num_classes)
     cids = np.arange(0, 40, 3)
@@ -99,8 +104,9 @@ def test_ray_actors_with_fractional_gpus_train_on_cuda_and_match_cpu(data):
         np.testing.assert_allclose(got.total, ref.total, rtol=1e-3, atol=1e-4)
         rows = engine.evaluate(Plan.cohort, w)
         ref_rows = LocalEngine(data, s, device="cpu").evaluate(Plan.cohort, w)
-        np.testing.assert_allclose(rows[np.argsort(rows[:, 0])], ref_rows[np.argsort(ref_rows[:, 0])], rtol=1e-3,
-                                   atol=1e-3)
+        np.testing.assert_allclose(
+            rows[np.argsort(rows[:, 0])], ref_rows[np.argsort(ref_rows[:, 0])], rtol=1e-3, atol=1e-3
+        )
     finally:
         engine.close()
 

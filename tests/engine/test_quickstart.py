@@ -18,7 +18,9 @@ def quickstart_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "quickstart"
     r = subprocess.run(
         [sys.executable, "-m", "fedsim.cli", "run", "quickstart", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -46,7 +48,10 @@ def test_quickstart_learns(quickstart_run):
     assert diag["train_accuracy"] > 0.5
     assert abs(diag["gap_accuracy"] - (diag["train_accuracy"] - last["heldout_accuracy"])) < 1e-12
     # every round reported its cohort and every sampled client's update arrived
-    assert all(r["non_private"]["received"] == r["non_private"]["cohort"] and r["non_private"]["rejected"] == 0 for r in rows)
+    assert all(
+        r["non_private"]["received"] == r["non_private"]["cohort"] and r["non_private"]["rejected"] == 0
+        for r in rows
+    )
 
 
 def test_quickstart_epsilon_matches_dp_accounting(quickstart_run):

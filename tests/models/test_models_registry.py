@@ -21,7 +21,7 @@ def test_deterministic_init(name):
     a = build_model(name, 40, 10)
     torch.manual_seed(3)
     b = build_model(name, 40, 10)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -18,22 +18,51 @@ def test_wheel_installs_namespaced_packages(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     # build from a clean copy: no shared build/ folder with another process, no stale files
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"
+        ),
+    )
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        check=True, cwd=tmp_path, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        check=True,
+        cwd=tmp_path,
+        env=env,
     )
     wheels = list(dist.glob("fedsim-*.whl"))
     assert len(wheels) == 1
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])],
-                   check=True, env=env, cwd=tmp_path)
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True, env=env).stdout.strip())
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[0])],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout.strip()
+    )
     # fedsim comes from the wheel; its dependencies from this environment (a plain path entry, so this
     # environment's editable-install hook is *not* active there)
     (site / "zz_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")

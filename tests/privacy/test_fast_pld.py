@@ -109,7 +109,6 @@ def test_truncation_matches_dp_accounting():
 
 
 def test_ledger_is_never_below_dp_accounting_and_reuses_its_composition():
-    from dp_accounting.pld import privacy_loss_distribution  # noqa: F401 - the reference path
 
     mixed = [MECHS[0], MECHS[0], MECHS[2], MECHS[0]]
     ledger = Ledger()
@@ -138,12 +137,15 @@ def test_optimistic_pmfs_are_refused():
         DensePmf.from_dp_accounting(pld_pmf.DensePLDPmf(0.1, 0, np.array([1.0]), 0.0, False))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(sampling="poisson", sampling_rate=0.01, noise_multiplier=1.1),
-    dict(sampling="poisson", sampling_rate=0.2, noise_multiplier=0.8),
-    dict(sampling="fixed", clients_per_round=10, noise_multiplier=1.5),
-    dict(sampling="all", noise_multiplier=2.0),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sampling="poisson", sampling_rate=0.01, noise_multiplier=1.1),
+        dict(sampling="poisson", sampling_rate=0.2, noise_multiplier=0.8),
+        dict(sampling="fixed", clients_per_round=10, noise_multiplier=1.5),
+        dict(sampling="all", noise_multiplier=2.0),
+    ],
+)
 def test_runs_and_the_cli_report_the_same_pld_epsilon_at_every_round(kw):
     """Runs account with the ledger's incremental PLD (fedsim.privacy.fast_pld); ``fedsim privacy`` with
     compute_curve (dp-accounting's PLD composed round by round). Two code paths, one answer."""

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from fedsim.privacy import Ledger, Mechanism, PrivacyInputError, compose_same_cohort, epsilon_curve
-from fedsim.privacy.paper import corollary3_curve, generalization_statement, min_population
 from fedsim.privacy.accountants import epsilon_at
+from fedsim.privacy.paper import corollary3_curve, generalization_statement, min_population
 from fedsim.privacy.paper.calibration import calibrate_noise
-from fedsim.report.privacy import add_parser, build_parser, main, run
 from fedsim.privacy.paper.generalization import precondition_n, statement_curve, theorem1_ab
+from fedsim.report.privacy import add_parser, build_parser, main, run
 
 M = Mechanism(population=1000, sampling_rate=0.05, noise_multiplier=1.2)
 
@@ -26,7 +26,9 @@ def test_ledger_matches_curve_and_is_incremental():
     curve = epsilon_curve(M, 20, 1e-5, "pld")
     assert np.allclose(eps, curve, rtol=1e-6)
     assert led.epsilon(1e-5, "rdp") == pytest.approx(epsilon_curve(M, 20, 1e-5, "rdp")[-1], rel=1e-12)
-    assert led.epsilon(1e-5, "igmm-corrected") == pytest.approx(epsilon_curve(M, 20, 1e-5, "igmm-corrected")[-1])
+    assert led.epsilon(1e-5, "igmm-corrected") == pytest.approx(
+        epsilon_curve(M, 20, 1e-5, "igmm-corrected")[-1]
+    )
 
 
 def test_two_releases_in_one_round_compose_before_sampling():
@@ -36,7 +38,7 @@ def test_two_releases_in_one_round_compose_before_sampling():
         led.record(round=t, mechanism=M, name="model")
         led.record(round=t, mechanism=count, name="clip-count")
     assert led.rounds == 3 and len(led) == 6
-    z_eff = (1.2 ** -2 + 4.0 ** -2) ** -0.5
+    z_eff = (1.2**-2 + 4.0**-2) ** -0.5
     assert compose_same_cohort([M, count]).noise_multiplier == pytest.approx(z_eff)
     single = epsilon_at(M.replace(noise_multiplier=z_eff), 3, 1e-5, "pld")
     assert led.epsilon(1e-5) == pytest.approx(single, rel=1e-6)
@@ -88,14 +90,16 @@ def test_theorem1_constants_and_sheet_claims():
     assert a == pytest.approx(0.4) and b == pytest.approx(2 * math.exp(-0.17) * 1e-5 / 0.1 * math.log(20))
     a, b = theorem1_ab(1.0, 1e-5)
     g = 1 - 0.9 * math.exp(-1)
-    assert a == pytest.approx(1.2 * g) and b == pytest.approx(18 * math.exp(-1) * 1e-5 / g * math.log(220 / g))
+    assert a == pytest.approx(1.2 * g) and b == pytest.approx(
+        18 * math.exp(-1) * 1e-5 / g * math.log(220 / g)
+    )
     e = np.geomspace(1e-9, 10, 20001)
     # the second precondition term alone needs N >= 1669 for every eps; eps <= 1/5 needs N >= 6543
     t2 = 200 / np.log(0.9 * (1 - 0.9 * np.exp(-e))) * np.log(9 * np.exp(-e) * 1e-5 / 48180)
     assert 1668 < t2.min() < 1670
     assert 6543 <= precondition_n(np.append(e[e <= 0.2], 0.2), 1e-5).min() < 6544
     n = precondition_n(0.05, 1e-5, "arxiv")
-    assert n == pytest.approx(2 / 0.05 ** 2 * math.log(16 / (math.exp(-0.05) * 1e-5)))
+    assert n == pytest.approx(2 / 0.05**2 * math.log(16 / (math.exp(-0.05) * 1e-5)))
 
 
 def test_statement_statuses_and_n_min():
@@ -104,14 +108,14 @@ def test_statement_statuses_and_n_min():
     ok = generalization_statement(0.5, 1e-5, s["n_min"])
     assert ok["status"] == "ok" and ok["eps_used"] >= 0.5
     assert generalization_statement(0.5, 1e-5, s["n_min"] - 1)["status"] == "no-statement"
-    assert generalization_statement(3.0, 1e-5, 10 ** 6)["status"] == "vacuous"
-    assert generalization_statement(float("inf"), 1e-5, 10 ** 6)["status"] == "no-statement"
+    assert generalization_statement(3.0, 1e-5, 10**6)["status"] == "vacuous"
+    assert generalization_statement(float("inf"), 1e-5, 10**6)["status"] == "no-statement"
     # eps just above 1/5 gives a smaller a than 4*eps once 4*eps > 0.316
-    s = generalization_statement(0.15, 1e-5, 10 ** 6)
+    s = generalization_statement(0.15, 1e-5, 10**6)
     assert s["status"] == "ok" and s["a"] < 0.6 and s["eps_used"] > 0.2
-    ax = generalization_statement(0.01, 1e-5, 10 ** 7, version="arxiv")
+    ax = generalization_statement(0.01, 1e-5, 10**7, version="arxiv")
     assert ax["status"] == "ok" and ax["a"] == pytest.approx(9 * ax["eps_used"])
-    rows = statement_curve([0.01, 0.5, 3.0, np.inf], 1e-5, 10 ** 5)
+    rows = statement_curve([0.01, 0.5, 3.0, np.inf], 1e-5, 10**5)
     assert [r["status"] for r in rows] == ["ok", "ok", "vacuous", "no-statement"]
     with pytest.raises(PrivacyInputError):
         generalization_statement(0.5, 1.5, 100)
@@ -120,7 +124,7 @@ def test_statement_statuses_and_n_min():
 
 
 def test_corollary3_rate_and_min_population():
-    C = np.array([10 ** 6, 4 * 10 ** 6, 16 * 10 ** 6])  # large enough for the a = 4 eps branch
+    C = np.array([10**6, 4 * 10**6, 16 * 10**6])  # large enough for the a = 4 eps branch
     cur = corollary3_curve(C, delta=1e-6)
     assert list(cur["status"]) == ["ok"] * 3
     assert np.all(np.diff(cur["a"]) < 0)
@@ -148,8 +152,20 @@ def _args(argv):
     return build_parser().parse_args(argv)
 
 
-BASE = ["--population", "1000", "--clients-per-round", "50", "--sampling", "fixed", "--noise-multiplier", "1.5",
-        "--rounds", "60", "--delta", "1e-5"]
+BASE = [
+    "--population",
+    "1000",
+    "--clients-per-round",
+    "50",
+    "--sampling",
+    "fixed",
+    "--noise-multiplier",
+    "1.5",
+    "--rounds",
+    "60",
+    "--delta",
+    "1e-5",
+]
 
 
 def test_cli_human(capsys):
@@ -160,7 +176,7 @@ def test_cli_human(capsys):
 
 
 def test_cli_json(capsys):
-    assert main(BASE + ["--json", "--methods", "pld", "rdp", "igmm"]) == 0
+    assert main([*BASE, "--json", "--methods", "pld", "rdp", "igmm"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["methods"]) == {"pld", "rdp", "igmm"}
     assert len(doc["methods"]["pld"]["epsilon"]) == 60 and doc["methods"]["igmm"]["certified"] is False
@@ -169,22 +185,37 @@ def test_cli_json(capsys):
 
 
 def test_cli_calibration(capsys):
-    argv = ["--population", "1000", "--sampling-rate", "0.05", "--rounds", "20", "--target-epsilon", "3",
-            "--methods", "rdp", "basic", "--json"]
+    argv = [
+        "--population",
+        "1000",
+        "--sampling-rate",
+        "0.05",
+        "--rounds",
+        "20",
+        "--target-epsilon",
+        "3",
+        "--methods",
+        "rdp",
+        "basic",
+        "--json",
+    ]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["calibration"]["rdp"] > 0 and doc["methods"]["rdp"]["epsilon"][-1] <= 3.0
 
 
-@pytest.mark.parametrize("argv, option", [
-    (["--sampling-rate", "1.5"], "--sampling-rate"),
-    (["--sampling-rate", "0.1", "--delta", "1"], "--delta"),
-    (["--sampling-rate", "0.1", "--noise-multiplier", "0"], "--noise-multiplier"),
-    (["--sampling-rate", "0.1", "--clip", "-1"], "--clip"),
-    (["--sampling-rate", "0.1", "--rounds", "0"], "--rounds"),
-    (["--sampling-rate", "0.1", "--methods", "moments"], "--methods"),
-    (["--sampling", "fixed", "--sampling-rate", "0.1234"], "--sampling-rate"),
-])
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["--sampling-rate", "1.5"], "--sampling-rate"),
+        (["--sampling-rate", "0.1", "--delta", "1"], "--delta"),
+        (["--sampling-rate", "0.1", "--noise-multiplier", "0"], "--noise-multiplier"),
+        (["--sampling-rate", "0.1", "--clip", "-1"], "--clip"),
+        (["--sampling-rate", "0.1", "--rounds", "0"], "--rounds"),
+        (["--sampling-rate", "0.1", "--methods", "moments"], "--methods"),
+        (["--sampling", "fixed", "--sampling-rate", "0.1234"], "--sampling-rate"),
+    ],
+)
 def test_cli_errors(argv, option, capsys):
     base = {"--population": "100", "--rounds": "5", "--noise-multiplier": "1"}
     full = list(argv)
@@ -202,8 +233,21 @@ def test_add_parser_registers_subcommand():
     p = argparse.ArgumentParser(prog="fedsim")
     sub = p.add_subparsers(dest="command")
     add_parser(sub)
-    args = p.parse_args(["privacy", "--population", "10", "--sampling", "all", "--noise-multiplier", "5",
-                         "--rounds", "3", "--methods", "rdp"])
+    args = p.parse_args(
+        [
+            "privacy",
+            "--population",
+            "10",
+            "--sampling",
+            "all",
+            "--noise-multiplier",
+            "5",
+            "--rounds",
+            "3",
+            "--methods",
+            "rdp",
+        ]
+    )
     assert args.func is run
 
 
@@ -211,8 +255,27 @@ def test_module_entry_point():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "fedsim.report.privacy", "--population", "10", "--sampling", "all",
-                        "--noise-multiplier", "5", "--rounds", "3", "--methods", "rdp", "basic", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim.report.privacy",
+            "--population",
+            "10",
+            "--sampling",
+            "all",
+            "--noise-multiplier",
+            "5",
+            "--rounds",
+            "3",
+            "--methods",
+            "rdp",
+            "basic",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["methods"]["rdp"]["epsilon"][0] > 0

@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 
 from fedsim.privacy import Mechanism, compute_curve
-from fedsim.privacy.paper import audit_closed_forms
-from fedsim.privacy.paper.audit import audit_igmm_params
 from fedsim.privacy.closed_forms import (
-    dpfl_theorem8, igmm_theorem7, optimal_composition_delta, paper_composition,
+    dpfl_theorem8,
+    igmm_theorem7,
+    optimal_composition_delta,
+    paper_composition,
 )
 from fedsim.privacy.gaussian import gaussian_delta
+from fedsim.privacy.paper import audit_closed_forms
+from fedsim.privacy.paper.audit import audit_igmm_params
 
 mp.mp.dps = 50
 
@@ -21,16 +24,29 @@ mp.mp.dps = 50
 def uai_thm7_reference(N, tau, T, sigma, D, delta, dtil):
     """UAI Theorem 7 typed from the paper (Section 5), term by term."""
     N, tau, T, sigma, D, delta, dtil = map(mp.mpf, (N, tau, T, sigma, D, delta, dtil))
-    et = mp.log((N - tau) / N + tau / N * mp.exp(
-        (mp.sqrt(2) * D * sigma * (1 / tau) * mp.sqrt(mp.log(1 / delta)) + D ** 2 / tau ** 2) / (2 * sigma ** 2)))
-    eps_p = mp.sqrt(2 * T * mp.log(1 / dtil) * et ** 2) + T * et * (mp.exp(et) - 1) / (mp.exp(et) + 1)
+    et = mp.log(
+        (N - tau) / N
+        + tau
+        / N
+        * mp.exp(
+            (mp.sqrt(2) * D * sigma * (1 / tau) * mp.sqrt(mp.log(1 / delta)) + D**2 / tau**2) / (2 * sigma**2)
+        )
+    )
+    eps_p = mp.sqrt(2 * T * mp.log(1 / dtil) * et**2) + T * et * (mp.exp(et) - 1) / (mp.exp(et) + 1)
     if not T * et > eps_p:
         return dict(et=et, eps_prime=eps_p, delta_prime=None)
     K = mp.ceil(N * eps_p / (tau * et))
-    dtil_p = (mp.exp(-(eps_p + T * et) / 2) * ((T * et + eps_p) / (T * et - eps_p)) ** (-(eps_p + T * et) / (2 * et))
-              * ((1 / (1 + mp.exp(et))) * (2 * T * et / (T * et - eps_p))) ** T)
-    delta_p = (2 - (1 - delta / (1 + mp.exp(et))) ** T + dtil_p
-               - (1 - delta * mp.exp(et) / (1 + mp.exp(et))) ** K * (1 - delta / (1 + mp.exp(et))) ** (T - K))
+    dtil_p = (
+        mp.exp(-(eps_p + T * et) / 2)
+        * ((T * et + eps_p) / (T * et - eps_p)) ** (-(eps_p + T * et) / (2 * et))
+        * ((1 / (1 + mp.exp(et))) * (2 * T * et / (T * et - eps_p))) ** T
+    )
+    delta_p = (
+        2
+        - (1 - delta / (1 + mp.exp(et))) ** T
+        + dtil_p
+        - (1 - delta * mp.exp(et) / (1 + mp.exp(et))) ** K * (1 - delta / (1 + mp.exp(et))) ** (T - K)
+    )
     return dict(et=et, eps_prime=eps_p, delta_prime=delta_p, K=K, dtil_prime=dtil_p)
 
 
@@ -38,14 +54,19 @@ def arxiv_thm8_reference(N, tau, T, sigma, delta, dtil):
     """arXiv Theorem 8 typed from the paper (eq. 15 and the definitions after it)."""
     N, tau, T, sigma, delta, dtil = map(mp.mpf, (N, tau, T, sigma, delta, dtil))
     p = tau / N
-    e = (4 * sigma / tau * mp.sqrt(mp.log(1 / delta)) + 1 / tau ** 2) / (2 * sigma ** 2)
-    eps_p = mp.sqrt(8 * mp.log(1 / dtil) * (p ** 2 * T * e ** 2)) + 2 * T * p * e * (mp.exp(2 * p * e) - 1) / (mp.exp(2 * p * e) + 1)
+    e = (4 * sigma / tau * mp.sqrt(mp.log(1 / delta)) + 1 / tau**2) / (2 * sigma**2)
+    eps_p = mp.sqrt(8 * mp.log(1 / dtil) * (p**2 * T * e**2)) + 2 * T * p * e * (mp.exp(2 * p * e) - 1) / (
+        mp.exp(2 * p * e) + 1
+    )
     if not p * T * e > eps_p:
         return dict(eps_prime=eps_p, delta_prime=None)
     K = mp.ceil(N * eps_p / (2 * tau * e))
     y = p * delta / (1 + mp.exp(2 * p * e))
-    dt = (mp.exp(-(eps_p + p * T * e) / 2) * ((1 / (1 + mp.exp(p * e))) * (2 * p * T * e / (p * T * e - eps_p))) ** T
-          * ((p * e * T + eps_p) / (p * T * e - eps_p)) ** (-(N * eps_p + tau * T * e) / (2 * tau * e)))
+    dt = (
+        mp.exp(-(eps_p + p * T * e) / 2)
+        * ((1 / (1 + mp.exp(p * e))) * (2 * p * T * e / (p * T * e - eps_p))) ** T
+        * ((p * e * T + eps_p) / (p * T * e - eps_p)) ** (-(N * eps_p + tau * T * e) / (2 * tau * e))
+    )
     delta_p = 1 - (1 - mp.exp(2 * p * e) * y) ** K * (1 - y) ** (T - K) + 1 - (1 - y) ** T + dt
     return dict(eps_prime=eps_p, delta_prime=delta_p)
 
@@ -54,9 +75,9 @@ POINTS = [  # (N, tau, T, sigma, D, delta, dtil)
     (1000, 100, 1000, 1.0, 2.0, 1e-5, 1e-5),
     (1000, 100, 5000, 0.5, 2.0, 1e-8, 1e-6),
     (60000, 256, 20000, 0.02, 2.0, 1e-7, 1e-5),
-    (1000, 100, 10, 1.0, 2.0, 1e-5, 1e-5),       # undefined: eps' >= T*et (small T)
-    (100, 10, 50, 0.05, 2.0, 1e-5, 1e-5),        # undefined: large per-step eps
-    (1000, 100, 2000, 1.0, 2.0, 1e-2, 1e-5),     # delta' >= 1 (large T*delta): no statement
+    (1000, 100, 10, 1.0, 2.0, 1e-5, 1e-5),  # undefined: eps' >= T*et (small T)
+    (100, 10, 50, 0.05, 2.0, 1e-5, 1e-5),  # undefined: large per-step eps
+    (1000, 100, 2000, 1.0, 2.0, 1e-2, 1e-5),  # delta' >= 1 (large T*delta): no statement
 ]
 
 
@@ -80,8 +101,14 @@ def test_uai_points_cover_every_region():
     assert (True, True) in st and (False, False) in st and (True, False) in st
 
 
-@pytest.mark.parametrize("pt", [(1000, 100, 1000, 0.01, 1e-5, 1e-5), (10000, 100, 5000, 0.02, 1e-6, 1e-6),
-                                (1000, 100, 5, 0.01, 1e-5, 1e-5)])
+@pytest.mark.parametrize(
+    "pt",
+    [
+        (1000, 100, 1000, 0.01, 1e-5, 1e-5),
+        (10000, 100, 5000, 0.02, 1e-6, 1e-6),
+        (1000, 100, 5, 0.01, 1e-5, 1e-5),
+    ],
+)
 def test_arxiv_theorem8_transcription(pt):
     ref = arxiv_thm8_reference(*pt)
     got = dpfl_theorem8(*pt)
@@ -117,7 +144,9 @@ def test_optimal_composition_small_cases():
     assert float(optimal_composition_delta(0.5, 1, 0.0, 0.0)) == pytest.approx(math.tanh(0.25))
     # T = 2, eps' = 0: sum over l with (2-2l) eps > 0, i.e. l = 0: (e^{2e} - 1)/(1+e^e)^2
     e = 0.3
-    assert float(optimal_composition_delta(e, 2, 0.0, 0.0)) == pytest.approx((math.exp(2 * e) - 1) / (1 + math.exp(e)) ** 2)
+    assert float(optimal_composition_delta(e, 2, 0.0, 0.0)) == pytest.approx(
+        (math.exp(2 * e) - 1) / (1 + math.exp(e)) ** 2
+    )
 
 
 def test_igmm_curve_reports_no_statement_and_is_never_certified():

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from fedsim.privacy import CERTIFIED, PAPER_BOUNDS, VALID_BOUNDS, Mechanism, compute_curve, method_kind
+from fedsim.privacy.gaussian import amplify_epsilon
 from fedsim.privacy.paper.audit import audit_closed_forms
 from fedsim.report.privacy import main as privacy_main
-from fedsim.privacy.gaussian import amplify_epsilon
 
 
 def test_igmm_corrected_is_a_valid_bound_not_a_certified_accountant():
-    assert CERTIFIED == {"pld", "rdp"}
+    assert {"pld", "rdp"} == CERTIFIED
     assert "igmm-corrected" in VALID_BOUNDS and "igmm-corrected" not in CERTIFIED
     assert method_kind("igmm-corrected") == "valid closed-form bound"
     assert method_kind("igmm") == "paper bound, not a certificate" and "igmm" in PAPER_BOUNDS
@@ -40,11 +40,14 @@ def test_amplification_is_finite_past_exp_overflow():
     assert float(amplify_epsilon(5000.0, 1.0)) == pytest.approx(5000.0)
 
 
-@pytest.mark.parametrize("args", [
-    ["--sampling", "all", "--noise-multiplier", "0.001", "--rounds", "3"],
-    ["--sampling", "poisson", "--sampling-rate", "0.9", "--noise-multiplier", "0.05", "--rounds", "4"],
-    ["--sampling", "fixed", "--clients-per-round", "50", "--noise-multiplier", "0.01", "--rounds", "3"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--sampling", "all", "--noise-multiplier", "0.001", "--rounds", "3"],
+        ["--sampling", "poisson", "--sampling-rate", "0.9", "--noise-multiplier", "0.05", "--rounds", "4"],
+        ["--sampling", "fixed", "--clients-per-round", "50", "--noise-multiplier", "0.01", "--rounds", "3"],
+    ],
+)
 def test_privacy_json_reports_epsilons_above_700_as_numbers(capsys, args):
     assert privacy_main(["--population", "100", *args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -62,10 +65,16 @@ def test_run_summary_describes_every_release_of_a_round(tmp_path):
     from fedsim.engine.runner import run_scenario
     from fedsim.scenarios import load_scenario
 
-    scenario = load_scenario("quickstart", [
-        "rounds=2", "data.num_clients=12", "engine.name=local", "privacy.adaptive_clip=true",
-        "privacy.count_noise_multiplier=0.5",
-    ])
+    scenario = load_scenario(
+        "quickstart",
+        [
+            "rounds=2",
+            "data.num_clients=12",
+            "engine.name=local",
+            "privacy.adaptive_clip=true",
+            "privacy.count_noise_multiplier=0.5",
+        ],
+    )
     res = run_scenario(scenario, tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     audit = summary["paper_bounds_audit"]
@@ -76,7 +85,12 @@ def test_run_summary_describes_every_release_of_a_round(tmp_path):
     # igmm-corrected uses the model and the count composed: with a noisy count (z=0.5), far above the model's
     from fedsim.privacy import epsilon_curve
 
-    model_only = epsilon_curve(res.strategy.mechanism(res.strategy.ledger.releases[0].mechanism.population), 2, 1e-5, "igmm-corrected")
+    model_only = epsilon_curve(
+        res.strategy.mechanism(res.strategy.ledger.releases[0].mechanism.population),
+        2,
+        1e-5,
+        "igmm-corrected",
+    )
     row = res.rows[-1]
     assert row["paper_epsilon_igmm-corrected"] > 1.5 * model_only[-1]
     assert row["epsilon"] <= row["paper_epsilon_igmm-corrected"] * (1 + 1e-9)

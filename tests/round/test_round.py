@@ -38,7 +38,9 @@ def test_poisson_inclusion_frequencies_chi_square():
 
 def test_poisson_can_be_empty_and_fixed_is_exact():
     ids = np.arange(30)
-    empties = sum(sample_cohort(ids, "poisson", make_rng(0, t, 1), sampling_rate=0.02).size == 0 for t in range(200))
+    empties = sum(
+        sample_cohort(ids, "poisson", make_rng(0, t, 1), sampling_rate=0.02).size == 0 for t in range(200)
+    )
     assert empties > 50  # (0.98)^30 = 0.55
     for t in range(100):
         c = sample_cohort(ids, "fixed", make_rng(0, t, 1), clients_per_round=7)
@@ -56,9 +58,11 @@ def test_sampling_uses_its_own_generator_not_the_global_one():
 
 
 def test_sampling_errors_name_the_value():
-    with pytest.raises(ValueError, match="sampling_rate=1.5 is invalid: must be in \\(0, 1\\]"):
+    with pytest.raises(ValueError, match=r"sampling_rate=1.5 is invalid: must be in \(0, 1\]"):
         sample_cohort(np.arange(5), "poisson", make_rng(0, 0, 1), sampling_rate=1.5)
-    with pytest.raises(ValueError, match=r"clients_per_round=6 is invalid: must be an integer in \[1, population=5\]"):
+    with pytest.raises(
+        ValueError, match=r"clients_per_round=6 is invalid: must be an integer in \[1, population=5\]"
+    ):
         sample_cohort(np.arange(5), "fixed", make_rng(0, 0, 1), clients_per_round=6)
     with pytest.raises(ValueError, match="poisson, fixed, all"):
         sample_cohort(np.arange(5), "uniform", make_rng(0, 0, 1))
@@ -128,15 +132,29 @@ def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares()
     full = PartialSum(dim)
     for _ in range(n):
         full.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
-    _, server_std = private_mean(full, clip=clip, noise_multiplier=z, expected_cohort=n, rng=make_rng(0, 0, 2),
-                                 noise_placement="distributed", cohort_size=n)
+    _, server_std = private_mean(
+        full,
+        clip=clip,
+        noise_multiplier=z,
+        expected_cohort=n,
+        rng=make_rng(0, 0, 2),
+        noise_placement="distributed",
+        cohort_size=n,
+    )
     assert server_std == 0.0
     assert np.std(full.total) == pytest.approx(z * clip, rel=0.02)
     half = PartialSum(dim)
     for _ in range(n // 2):
         half.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
-    mean, server_std = private_mean(half, clip=clip, noise_multiplier=z, expected_cohort=n,
-                                    rng=make_rng(0, 0, 2), noise_placement="distributed", cohort_size=n)
+    mean, server_std = private_mean(
+        half,
+        clip=clip,
+        noise_multiplier=z,
+        expected_cohort=n,
+        rng=make_rng(0, 0, 2),
+        noise_placement="distributed",
+        cohort_size=n,
+    )
     assert server_std == pytest.approx(z * clip * math.sqrt(0.5))
     assert np.std(mean * n) == pytest.approx(z * clip, rel=0.02)
 
@@ -144,7 +162,7 @@ def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares()
 def test_flatten_roundtrip():
     arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, dtype=np.float32)]
     back = unflatten(flatten(arrays), arrays)
-    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(arrays, back))
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(arrays, back, strict=True))
     with pytest.raises(ValueError):
         unflatten(np.zeros(5), arrays)
 
@@ -169,13 +187,20 @@ def test_add_batch_equals_adding_row_by_row(as_torch):
     batch = PartialSum(9)
     arg = torch.as_tensor(rows, dtype=torch.float32) if as_torch else rows.astype(np.float32)
     ref = PartialSum(9)  # the float32 rows, as a worker holds them
-    norms_ref = [ref.add(r, 1.0, weight=float(w)) for r, w in zip(np.asarray(arg, dtype=np.float64), weights, strict=True)]
+    norms_ref = [
+        ref.add(r, 1.0, weight=float(w))
+        for r, w in zip(np.asarray(arg, dtype=np.float64), weights, strict=True)
+    ]
     norms = batch.add_batch(arg, 1.0, weights, block=16)  # several blocks
     np.testing.assert_allclose(batch.total, ref.total, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(batch.total, one.total, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(norms, norms_ref, rtol=1e-12, equal_nan=True)
     assert np.isnan(norms[10]) and np.isnan(norms[11]) and np.isnan(norms_one[10])
-    assert (batch.count, batch.rejected, batch.unclipped) == (ref.count, ref.rejected, ref.unclipped) == (68, 2, ref.unclipped)
+    assert (
+        (batch.count, batch.rejected, batch.unclipped)
+        == (ref.count, ref.rejected, ref.unclipped)
+        == (68, 2, ref.unclipped)
+    )
     assert batch.unclipped == sum(1 for n in norms_one if n <= 1.0)
     np.testing.assert_allclose(batch.norms, ref.norms, rtol=1e-12)
 

@@ -1,6 +1,7 @@
 """DPAgnosticFedAvg: lambda-weighted private aggregation and projected ascent on the domain weights."""
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -12,8 +13,18 @@ DOMAINS = {c: (0 if c < 14 else 1 if c < 18 else 2) for c in range(20)}  # 14 / 
 
 
 def _afl(**kw):
-    args = dict(client_domains=DOMAINS, num_domains=3, sampling="poisson", sampling_rate=0.5, clip=1.0,
-                noise_multiplier=1.0, seed=3, accountant="rdp", lambda_lr=0.5, loss_noise_multiplier=1.0)
+    args = dict(
+        client_domains=DOMAINS,
+        num_domains=3,
+        sampling="poisson",
+        sampling_rate=0.5,
+        clip=1.0,
+        noise_multiplier=1.0,
+        seed=3,
+        accountant="rdp",
+        lambda_lr=0.5,
+        loss_noise_multiplier=1.0,
+    )
     args.update(kw)
     return DPAgnosticFedAvg(**args)
 
@@ -33,7 +44,9 @@ def test_projection_onto_the_simplex():
 
 def test_proportional_lambda_gives_exactly_dp_fedavg():
     afl = _afl()
-    avg = DPFedAvg(sampling="poisson", sampling_rate=0.5, clip=1.0, noise_multiplier=1.0, seed=3, accountant="rdp")
+    avg = DPFedAvg(
+        sampling="poisson", sampling_rate=0.5, clip=1.0, noise_multiplier=1.0, seed=3, accountant="rdp"
+    )
     ids = np.arange(20)
     pa, pf = afl.begin_round(1, ids), avg.begin_round(1, ids)
     assert np.array_equal(pa.cohort, pf.cohort)
@@ -45,8 +58,8 @@ def test_proportional_lambda_gives_exactly_dp_fedavg():
         u = rng.normal(size=6)
         sa.add(u, 1.0, weight=pa.client_weights[int(c)])
         sf.add(u, 1.0)
-    wa, ma = afl.finish_round(pa, np.zeros(6), sa)
-    wf, mf = avg.finish_round(pf, np.zeros(6), sf)
+    wa, _ma = afl.finish_round(pa, np.zeros(6), sa)
+    wf, _mf = avg.finish_round(pf, np.zeros(6), sf)
     np.testing.assert_allclose(wa, wf, atol=1e-12)
     assert len(afl.ledger) == 2 and len(avg.ledger) == 1  # model + domain losses
 
@@ -110,7 +123,7 @@ def test_message_api_weights_replies_by_client_and_collects_domain_losses(monkey
         monkeypatch.setattr(TaskIdentity, attr, value, raising=False)
 
     class Grid:  # what ClientIdGrid shows: client ids, and the node -> client map for the replies
-        node_to_client = {1000 + c: c for c in range(20)}
+        node_to_client: ClassVar[dict[int, int]] = {1000 + c: c for c in range(20)}
 
         def get_node_ids(self):
             return list(range(20))
@@ -118,17 +131,23 @@ def test_message_api_weights_replies_by_client_and_collects_domain_losses(monkey
     afl = _afl(sampling="all", sampling_rate=None, noise_multiplier=1.0, loss_noise_multiplier=1.0)
     arrays = ArrayRecord(array_dict={"w": Array(np.zeros(2, np.float32))})
     msgs = list(afl.configure_train(1, arrays, ConfigRecord(), Grid()))
-    assert len(msgs) == 20 and float(msgs[0].content["config"]["fedsim.loss-bound"]) == pytest.approx(math.log(10))
+    assert len(msgs) == 20 and float(msgs[0].content["config"]["fedsim.loss-bound"]) == pytest.approx(
+        math.log(10)
+    )
     replies = []
     for m in msgs:
         c = int(m.metadata.dst_node_id)
         m.metadata.__dict__["_dst_node_id"] = 1000 + c  # as delivered to the real node
-        content = RecordDict({"arrays": ArrayRecord(array_dict={"w": Array(np.ones(2, np.float32) * 0.1)}),
-                              "metrics": MetricRecord({"num-examples": 3, "fedsim.loss": [0.1, 0.2, 0.9][DOMAINS[c]]})})
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord(array_dict={"w": Array(np.ones(2, np.float32) * 0.1)}),
+                "metrics": MetricRecord({"num-examples": 3, "fedsim.loss": [0.1, 0.2, 0.9][DOMAINS[c]]}),
+            }
+        )
         reply = Message(content, reply_to=m)
         reply.metadata.__dict__["_src_node_id"] = 1000 + c
         replies.append(reply)
-    new, metrics = afl.aggregate_train(1, replies)
+    _new, metrics = afl.aggregate_train(1, replies)
     diag = afl.history[-1]["non_private"]
     assert diag["received"] == 20 and diag["rejected"] == 0
     # what Flower logs and keeps: private quantities only (no exact counts) unless diagnostics=True

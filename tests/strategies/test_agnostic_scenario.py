@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fedsim.scenarios import load_scenario
 
 from fedsim.engine.runner import run_scenario
 from fedsim.experiment import build_data, build_strategy
 from fedsim.round import PartialSum
+from fedsim.scenarios import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,10 +57,17 @@ def test_lambda_ascends_on_the_released_domain_losses_of_the_real_scenario():
     # Near-exact loss release (z_loss=0.05; rdp: a PLD of so small a noise is needlessly expensive) and a
     # large step, so every round's move is visible. With the scenario's own z_loss=3 the domain-2 estimate
     # has std 3 / 40 ~ 0.08 per round.
-    sc = load_scenario("agnostic", [
-        "rounds=5", "engine.name=local", "engine.eval_every=1000", "agnostic.lambda_lr=0.5",
-        "agnostic.loss_noise_multiplier=0.05", "privacy.accountant=rdp",
-    ])
+    sc = load_scenario(
+        "agnostic",
+        [
+            "rounds=5",
+            "engine.name=local",
+            "engine.eval_every=1000",
+            "agnostic.lambda_lr=0.5",
+            "agnostic.loss_noise_multiplier=0.05",
+            "privacy.accountant=rdp",
+        ],
+    )
     res = run_scenario(sc, write=False)
     hist = res.strategy.history
     np.testing.assert_allclose(hist[0]["lambda_used"], [0.7, 0.2, 0.1], atol=0.01)  # FedAvg's mixture
@@ -71,7 +78,9 @@ def test_lambda_ascends_on_the_released_domain_losses_of_the_real_scenario():
         assert np.all(loss > 0) and np.all(loss < 2.0)
         # projected ascent: the worst reported domain gains the most, the best reported one the least
         step = nxt - used
-        assert step[np.argmax(loss)] == pytest.approx(step.max()) and step[np.argmin(loss)] == pytest.approx(step.min())
+        assert step[np.argmax(loss)] == pytest.approx(step.max()) and step[np.argmin(loss)] == pytest.approx(
+            step.min()
+        )
         np.testing.assert_allclose(np.asarray(h["lambda_used"]), used)
     diag = res.rows[-1]["non_private"]
     assert diag["worst_domain_train_loss"] == max(d["loss"] for d in diag["domains_train"])

@@ -7,9 +7,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedsim.engine.ray_engine import LocalEngine
 from fedsim.experiment import build_data
-from fedsim.training.trainer import TrainSettings, initial_weights
 from fedsim.scenarios import load_scenario
 from fedsim.strategies import DPFedAvg
+from fedsim.training.trainer import TrainSettings, initial_weights
 
 
 @pytest.fixture(autouse=True)
@@ -48,20 +48,31 @@ def test_message_path_equals_engine_path(sampling):
     like = [p.detach().numpy() for p in engine.trainer.params]
     names = [str(i) for i in range(len(like))]
     sizes = np.cumsum([a.size for a in like])[:-1]
-    to_record = lambda flat: ArrayRecord(array_dict={  # noqa: E731
-        n: Array(np.ascontiguousarray(a.reshape(s.shape).astype(np.float32)))
-        for n, a, s in zip(names, np.split(flat, sizes), like)
-    })
+
+    def to_record(flat):
+        return ArrayRecord(
+            array_dict={
+                n: Array(np.ascontiguousarray(a.reshape(s.shape).astype(np.float32)))
+                for n, a, s in zip(names, np.split(flat, sizes), like, strict=True)
+            }
+        )
+
     msgs = list(via_flower.configure_train(1, to_record(w0), ConfigRecord(), Grid(ids)))
     assert [int(m.metadata.dst_node_id) for m in msgs] == plan.cohort.tolist()
     replies = []
     g = torch.as_tensor(w0, dtype=torch.float32)
     for m in msgs:
         update, _ = engine.trainer.train_one(int(m.metadata.dst_node_id), 1, g)
-        content = RecordDict({"arrays": to_record(w0 + update.double().numpy()), "metrics": MetricRecord({"num-examples": 1})})
+        content = RecordDict(
+            {"arrays": to_record(w0 + update.double().numpy()), "metrics": MetricRecord({"num-examples": 1})}
+        )
         replies.append(Message(content, reply_to=m))
-    arrays, metrics = via_flower.aggregate_train(1, replies)
+    arrays, _metrics = via_flower.aggregate_train(1, replies)
     w_flower = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
     np.testing.assert_allclose(w_flower, w_engine, atol=2e-6)
-    assert via_flower.history[-1]["non_private"]["received"] == m_engine["non_private"]["received"] == plan.cohort.size
+    assert (
+        via_flower.history[-1]["non_private"]["received"]
+        == m_engine["non_private"]["received"]
+        == plan.cohort.size
+    )
     assert via_flower.epsilon() == via_engine.epsilon()

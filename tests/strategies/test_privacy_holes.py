@@ -15,8 +15,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.privacy import Ledger
-from fedsim.round import randomness as rnd
 from fedsim.round import PartialSum, bounded_value
+from fedsim.round import randomness as rnd
 from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg
 
 
@@ -35,11 +35,14 @@ def _run(strategy: DPFedAvg, ids, rounds: int) -> None:
 
 
 # ---------------------------------------------------------------- population
-@pytest.mark.parametrize("kw", [
-    dict(sampling="fixed", clients_per_round=5),
-    dict(sampling="poisson", clients_per_round=5),
-    dict(sampling="poisson", sampling_rate=0.1),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sampling="fixed", clients_per_round=5),
+        dict(sampling="poisson", clients_per_round=5),
+        dict(sampling="poisson", sampling_rate=0.1),
+    ],
+)
 def test_a_population_other_than_the_clients_sampled_from_is_refused(kw):
     strategy = DPFedAvg(noise_multiplier=1.0, seed=0, population=1000, **kw)
     with pytest.raises(ValueError, match="population=1000 but round 1 samples from 50 available clients"):
@@ -78,8 +81,12 @@ def test_bounded_value_rejects_what_a_clamp_lets_through():
 
 
 def _reply(msg: Message, value: float, key: str = "fedsim.loss") -> Message:
-    content = RecordDict({"arrays": ArrayRecord(array_dict={"w": Array(np.full(2, 0.1, np.float32))}),
-                          "metrics": MetricRecord({key: value})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(array_dict={"w": Array(np.full(2, 0.1, np.float32))}),
+            "metrics": MetricRecord({key: value}),
+        }
+    )
     reply = Message(content, reply_to=msg)
     reply.metadata.__dict__["_src_node_id"] = int(msg.metadata.dst_node_id)
     return reply
@@ -108,8 +115,8 @@ def test_a_non_finite_domain_loss_rejects_the_reply_and_lambda_stays_finite(task
 
 def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
     from fedsim.experiment import build_data
-    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
     from fedsim.scenarios import load_scenario
+    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
     scenario = load_scenario("quickstart", ["data.num_clients=8", "data.domains=2"])
     data = build_data(scenario)
@@ -117,7 +124,9 @@ def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
     w = initial_weights(trainer.settings, data.input_dim, data.num_classes)
     ids = [int(c) for c in data.train_clients][:4]
     real = trainer.bounded_loss
-    trainer.bounded_loss = lambda cid, bound, weights=None: math.nan if cid == ids[0] else real(cid, bound, weights)
+    trainer.bounded_loss = lambda cid, bound, weights=None: (
+        math.nan if cid == ids[0] else real(cid, bound, weights)
+    )
     partial, metrics = trainer.train(1, ids, w, 1.0, loss_bound=math.log(10))
     assert partial.rejected == 1 and partial.count == 3 and [m["client"] for m in metrics] == ids[1:]
     assert np.all(np.isfinite(partial.extras["domain_loss"]))
@@ -125,8 +134,9 @@ def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
 
 
 def test_a_non_finite_noised_bit_rejects_a_distributed_reply(task_identity):
-    strategy = DPFedAvg(sampling="all", noise_placement="distributed", adaptive_clipping=AdaptiveClipping(),
-                        seed=0)
+    strategy = DPFedAvg(
+        sampling="all", noise_placement="distributed", adaptive_clipping=AdaptiveClipping(), seed=0
+    )
     arrays = ArrayRecord(array_dict={"w": Array(np.zeros(2, np.float32))})
     msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), _Grid(4)))
     assert float(msgs[0].content["config"]["fedsim.count-noise-share-std"]) > 0
@@ -161,8 +171,13 @@ def test_unseeded_generators_draw_from_the_operating_system(monkeypatch):
     calls = []
     real = rnd.os.urandom
     monkeypatch.setattr(rnd.os, "urandom", lambda n: calls.append(n) or real(n))
-    strategy = DPFedAvg(sampling="poisson", sampling_rate=0.5, noise_multiplier=1.0,
-                        adaptive_clipping=AdaptiveClipping(), seed=None)
+    strategy = DPFedAvg(
+        sampling="poisson",
+        sampling_rate=0.5,
+        noise_multiplier=1.0,
+        adaptive_clipping=AdaptiveClipping(),
+        seed=None,
+    )
     assert strategy.randomness == "os-entropy"
     plan = strategy.begin_round(1, range(10))
     assert calls, "the cohort must come from os.urandom"

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from fedsim.data import build_federated_data
+from fedsim.models import build_model
 from fedsim.training import native
 from fedsim.training import vectorized as vec
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
-from fedsim.models import build_model
 
 # where fedsim is developed and tested (x86-64 Linux, a C compiler, PyTorch's MKL) the kernel must build:
 # a silent fallback there would leave it untested
@@ -27,7 +27,9 @@ def test_kernel_builds_here():
     assert native.available(), native.unavailable_reason()
 
 
-needs_kernel = pytest.mark.skipif(not native.available(), reason=f"native kernel: {native.unavailable_reason()}")
+needs_kernel = pytest.mark.skipif(
+    not native.available(), reason=f"native kernel: {native.unavailable_reason()}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,17 @@ def mnist1d():
 
 
 def _setup(data, optimizer="sgd", epochs=2, batch_size=16, **model_kwargs):
-    settings = TrainSettings(model="cnn1d", model_kwargs=model_kwargs, local_epochs=epochs, batch_size=batch_size,
-                             lr=0.05, optimizer=optimizer, momentum=0.9, seed=7, vectorize=True)
+    settings = TrainSettings(
+        model="cnn1d",
+        model_kwargs=model_kwargs,
+        local_epochs=epochs,
+        batch_size=batch_size,
+        lr=0.05,
+        optimizer=optimizer,
+        momentum=0.9,
+        seed=7,
+        vectorize=True,
+    )
     trainer = ClientTrainer(data, settings, device="cpu")
     w = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)
     return trainer, w
@@ -93,16 +104,22 @@ def test_chunking_and_client_order_do_not_matter(mnist1d):
 
 @needs_kernel
 def test_partial_sums_match_the_torch_path(mnist1d, monkeypatch):
-    settings = TrainSettings(model="cnn1d", model_kwargs={}, local_epochs=1, batch_size=8, seed=2, vectorize=True)
+    settings = TrainSettings(
+        model="cnn1d", model_kwargs={}, local_epochs=1, batch_size=8, seed=2, vectorize=True
+    )
     w = initial_weights(settings, mnist1d.input_dim, mnist1d.num_classes)
     cids = np.arange(0, 24, 3)
     fast, m_fast = ClientTrainer(mnist1d, settings, device="cpu").train(1, cids, w, clip=0.5)
     monkeypatch.setenv("FEDSIM_NATIVE", "0")
     slow, m_slow = ClientTrainer(mnist1d, settings, device="cpu").train(1, cids, w, clip=0.5)
     assert fast.count == slow.count == cids.size
-    assert {m["trainer"] for m in m_fast} == {"native-cnn1d"} and {m["trainer"] for m in m_slow} == {"vectorized"}
+    assert {m["trainer"] for m in m_fast} == {"native-cnn1d"} and {m["trainer"] for m in m_slow} == {
+        "vectorized"
+    }
     assert np.abs(fast.total - slow.total).max() < 1e-5
-    np.testing.assert_allclose([m["update_norm"] for m in m_fast], [m["update_norm"] for m in m_slow], rtol=1e-5)
+    np.testing.assert_allclose(
+        [m["update_norm"] for m in m_fast], [m["update_norm"] for m in m_slow], rtol=1e-5
+    )
 
 
 def _kernel_args(data, batch_size=8):
@@ -156,7 +173,9 @@ def _probe(env_extra, tmp_path):
         "print('REASON', native.unavailable_reason())"
     )
     env = {**os.environ, "FEDSIM_CACHE_DIR": str(tmp_path / "cache"), **env_extra}
-    res = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout.split("REASON", 1)[1].strip()
 
@@ -184,14 +203,16 @@ def _sgemm_missing(reason: str) -> bool:
 def test_thread_count_does_not_change_the_result(mnist1d):
     trainer, w = _setup(mnist1d, "momentum", 1, 8)
     cids = list(range(24))
-    x, y = zip(*(trainer._tensors(c) for c in cids))
+    x, y = zip(*(trainer._tensors(c) for c in cids), strict=True)
     sizes = np.array([len(t) for t in y], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     order = np.arange(int(sizes.sum()), dtype=np.int64)[None, :]
     dims = native.cnn1d_dims(trainer.model, 8)
     x_all, y_all = torch.cat(x).numpy(), torch.cat(y).numpy()
-    results = [native.cnn1d_train(dims, w, x_all, y_all, order, offsets, sizes, 0.05, 0.9, threads=threads)
-               for threads in (1, 2, 5, 64)]
+    results = [
+        native.cnn1d_train(dims, w, x_all, y_all, order, offsets, sizes, 0.05, 0.9, threads=threads)
+        for threads in (1, 2, 5, 64)
+    ]
     for updates, losses in results[1:]:
         assert torch.equal(updates, results[0][0]) and np.array_equal(losses, results[0][1])
     assert bool((results[0][0] != 0).any(dim=1).all())  # every client trained
@@ -212,20 +233,30 @@ def test_a_batch_larger_than_every_client_is_one_full_batch(mnist1d):
 
 @needs_kernel
 def test_rows_say_which_implementation_trained(monkeypatch):
+    from fedsim.engine.runner import run_scenario
     from fedsim.scenarios import load_scenario
 
-    from fedsim.engine.runner import run_scenario
-
-    scenario = load_scenario("quickstart", [
-        "data.dataset=mnist1d", "data.num_samples=2000", "data.num_clients=20", "model.name=cnn1d",
-        "engine.name=local", "engine.vectorize=true", "rounds=2", "client.local_epochs=1",
-    ])
+    scenario = load_scenario(
+        "quickstart",
+        [
+            "data.dataset=mnist1d",
+            "data.num_samples=2000",
+            "data.num_clients=20",
+            "model.name=cnn1d",
+            "engine.name=local",
+            "engine.vectorize=true",
+            "rounds=2",
+            "client.local_epochs=1",
+        ],
+    )
     fast = run_scenario(scenario, write=False).rows
     monkeypatch.setenv("FEDSIM_NATIVE", "0")
     slow = run_scenario(scenario, write=False).rows
     assert [r["local_training"] for r in fast] == ["native-cnn1d"] * 2
     assert [r["local_training"] for r in slow] == ["vectorized"] * 2
-    assert fast[-1]["non_private"]["train_loss"] == pytest.approx(slow[-1]["non_private"]["train_loss"], rel=1e-4)
+    assert fast[-1]["non_private"]["train_loss"] == pytest.approx(
+        slow[-1]["non_private"]["train_loss"], rel=1e-4
+    )
 
 
 @needs_kernel

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
+from fedsim.models import build_model
 from fedsim.training import vectorized
 from fedsim.training.shuffle import client_orders
 from fedsim.training.stacked import dense_step, stacked_forward
-from fedsim.models import build_model
 
 CASES = [
     ("logreg", 40, {}),
@@ -41,7 +41,8 @@ def test_stacked_forward_and_gradients_match_the_module(name, dim, kw):
     for j in range(k):
         single = {n: v[j].clone().requires_grad_(True) for n, v in params.items()}
         ref = torch.autograd.grad(
-            F.cross_entropy(functional_call(model, single, (x[j],)), y[j], reduction="sum"), list(single.values())
+            F.cross_entropy(functional_call(model, single, (x[j],)), y[j], reduction="sum"),
+            list(single.values()),
         )
         for g, r in zip(grads, ref, strict=True):
             torch.testing.assert_close(g[j], r, rtol=1e-4, atol=1e-5)
@@ -68,10 +69,17 @@ def test_unknown_model_has_no_stacked_forward_and_vectorized_falls_back_to_vmap(
             torch.testing.assert_close(grads[name][j], r, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("name", "kw"), [("mlp", {"hidden": [20]}), ("mlp", {"hidden": [12, 7]}), ("logreg", {}),
-                                          ("cnn1d", {"channels": [4, 6]}),
-                                          ("cnn1d", {"channels": [3, 5], "kernel_size": 4}),
-                                          ("cnn1d", {"channels": [2, 3], "kernel_size": 1})])
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("mlp", {"hidden": [20]}),
+        ("mlp", {"hidden": [12, 7]}),
+        ("logreg", {}),
+        ("cnn1d", {"channels": [4, 6]}),
+        ("cnn1d", {"channels": [3, 5], "kernel_size": 4}),
+        ("cnn1d", {"channels": [2, 3], "kernel_size": 1}),
+    ],
+)
 def test_the_three_step_implementations_agree_with_masks(monkeypatch, name, kw):
     """dense_step (backward written out), the stacked forward with autograd, and vmap give the same step."""
     model = build_model(name, 40, 10, **kw)

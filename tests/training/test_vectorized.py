@@ -11,7 +11,9 @@ from fedsim.training.vectorized import train_vectorized
 
 @pytest.fixture(scope="module")
 def digits():
-    return build_federated_data("digits", num_clients=30, partitioner="dirichlet", alpha=0.3, heldout_fraction=0.0)
+    return build_federated_data(
+        "digits", num_clients=30, partitioner="dirichlet", alpha=0.3, heldout_fraction=0.0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +25,14 @@ def mnist1d():
 
 def _trainer(data, model, optimizer, epochs, batch_size=8, **kw):
     settings = TrainSettings(
-        model=model, model_kwargs=kw, local_epochs=epochs, batch_size=batch_size, lr=0.05,
-        optimizer=optimizer, momentum=0.9, seed=3,
+        model=model,
+        model_kwargs=kw,
+        local_epochs=epochs,
+        batch_size=batch_size,
+        lr=0.05,
+        optimizer=optimizer,
+        momentum=0.9,
+        seed=3,
     )
     trainer = ClientTrainer(data, settings, device="cpu")
     w = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)

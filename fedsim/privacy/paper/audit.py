@@ -41,13 +41,28 @@ def audit_igmm_params(N, tau, T, sigma, D, step_delta, dtil) -> dict:
     g = {k: float(np.asarray(v)) for k, v in r.items()}
     ratio = D / (tau * sigma)
     exact_step = float(gaussian_delta(g["eps0"], ratio))
-    valid_eps0 = ratio * math.sqrt(2 * math.log(1 / step_delta)) + ratio ** 2 / 2
+    valid_eps0 = ratio * math.sqrt(2 * math.log(1 / step_delta)) + ratio**2 / 2
     out = dict(
-        method="igmm", N=N, tau=tau, T=T, sigma=sigma, D=D, step_delta=step_delta, dtil=dtil,
-        eps0=g["eps0"], eps0_valid_tail_bound=valid_eps0, per_step_ratio=ratio,
-        exact_step_delta=exact_step, per_step_valid=exact_step <= step_delta * (1 + 1e-9),
-        et=g["et"], eps_prime=g["eps_prime"], delta_prime=g["delta_prime"], defined=bool(g["defined"]),
-        statement=bool(g["statement"]), K_printed=g["K"], defined_below=g["defined_below"],
+        method="igmm",
+        N=N,
+        tau=tau,
+        T=T,
+        sigma=sigma,
+        D=D,
+        step_delta=step_delta,
+        dtil=dtil,
+        eps0=g["eps0"],
+        eps0_valid_tail_bound=valid_eps0,
+        per_step_ratio=ratio,
+        exact_step_delta=exact_step,
+        per_step_valid=exact_step <= step_delta * (1 + 1e-9),
+        et=g["et"],
+        eps_prime=g["eps_prime"],
+        delta_prime=g["delta_prime"],
+        defined=bool(g["defined"]),
+        statement=bool(g["statement"]),
+        K_printed=g["K"],
+        defined_below=g["defined_below"],
         K_corrected=math.ceil(g["eps_prime"] / g["et"]) if math.isfinite(g["eps_prime"]) else None,
         dtil_prime=g["dtil_prime"],
     )
@@ -55,7 +70,9 @@ def audit_igmm_params(N, tau, T, sigma, D, step_delta, dtil) -> dict:
         # the Chernoff factor with the sign the derivation gives: exp(+(eps'+T et)/2)
         # exp(+(eps'+T et)/2) instead of exp(-(eps'+T et)/2), in log space (it overflows for large epsilons)
         with np.errstate(over="ignore", divide="ignore"):
-            out["dtil_prime_sign_corrected"] = float(np.exp(np.log(g["dtil_prime"]) + g["eps_prime"] + T * g["et"]))
+            out["dtil_prime_sign_corrected"] = float(
+                np.exp(np.log(g["dtil_prime"]) + g["eps_prime"] + T * g["et"])
+            )
         opt = float(closed_forms.optimal_composition_delta(g["et"], T, g["eps_prime"], step_delta))
         out["optimal_delta_at_eps_prime"] = opt
         out["below_optimal"] = bool(g["statement"] and g["delta_prime"] < opt)
@@ -76,11 +93,24 @@ def _audit_thm8(N, tau, T, z, step_delta, dtil) -> dict:
     p = tau / N
     et_amp = g["et"]  # 2 p et8 (linearised amplification as printed)
     out = dict(
-        method="dp-fl-thm8", N=N, tau=tau, T=T, sigma=sigma8, step_delta=step_delta, dtil=dtil,
-        eps0=g["eps0"], per_step_ratio=ratio, exact_step_delta=exact_step,
-        per_step_valid=exact_step <= step_delta * (1 + 1e-9), et=et_amp,
-        eps_prime=g["eps_prime"], delta_prime=g["delta_prime"], defined=bool(g["defined"]),
-        statement=bool(g["statement"]), K_printed=g["K"], dtil_prime=g["dtil_prime"],
+        method="dp-fl-thm8",
+        N=N,
+        tau=tau,
+        T=T,
+        sigma=sigma8,
+        step_delta=step_delta,
+        dtil=dtil,
+        eps0=g["eps0"],
+        per_step_ratio=ratio,
+        exact_step_delta=exact_step,
+        per_step_valid=exact_step <= step_delta * (1 + 1e-9),
+        et=et_amp,
+        eps_prime=g["eps_prime"],
+        delta_prime=g["delta_prime"],
+        defined=bool(g["defined"]),
+        statement=bool(g["statement"]),
+        K_printed=g["K"],
+        dtil_prime=g["dtil_prime"],
         defined_below=g["defined_below"],
     )
     if g["defined"]:
@@ -97,8 +127,10 @@ def _audit_thm8(N, tau, T, z, step_delta, dtil) -> dict:
 def _verdict(a: dict) -> str:
     if not a["defined"]:
         bound = "T*et" if a["method"] == "igmm" else "p*T*et8"
-        return (f"paper bound; no statement at T={a['T']:g}: eps'={_fmt(a['eps_prime'])} >= {bound}="
-                f"{_fmt(a['defined_below'])}, so the printed Chernoff factor is undefined")
+        return (
+            f"paper bound; no statement at T={a['T']:g}: eps'={_fmt(a['eps_prime'])} >= {bound}="
+            f"{_fmt(a['defined_below'])}, so the printed Chernoff factor is undefined"
+        )
     if not a["statement"]:
         return f"paper bound; no statement at T={a['T']:g}: printed delta'={_fmt(a['delta_prime'])} >= 1"
     reasons = []
@@ -116,13 +148,22 @@ def _verdict(a: dict) -> str:
         return "paper bound; not a valid certificate because " + " and ".join(reasons)
     cert = a.get("certified_epsilon")
     if cert is not None and math.isfinite(cert) and a["eps_prime"] < cert:
-        return (f"paper bound; not a valid certificate because eps'={_fmt(a['eps_prime'])} is below the certified "
-                f"PLD epsilon {_fmt(cert)} at the same delta")
+        return (
+            f"paper bound; not a valid certificate because eps'={_fmt(a['eps_prime'])} is below the certified "
+            f"PLD epsilon {_fmt(cert)} at the same delta"
+        )
     return "paper bound; not a certificate (its derivation has known defects); use the certified epsilon"
 
 
-def audit_closed_forms(mechanism: Mechanism, rounds: int, delta: float, *, step_delta: float | None = None,
-                       dtil: float | None = None, certified_method: str = "pld") -> dict:
+def audit_closed_forms(
+    mechanism: Mechanism,
+    rounds: int,
+    delta: float,
+    *,
+    step_delta: float | None = None,
+    dtil: float | None = None,
+    certified_method: str = "pld",
+) -> dict:
     """Audit ``igmm`` and ``dp-fl-thm8`` for ``mechanism`` after ``rounds`` rounds at target ``delta``.
 
     The per-step delta and dtil are those the accountants use (calibrated to the target unless

@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import math
 
-from fedsim.privacy.accountants import ACCOUNTANTS, epsilon_at, validate_delta, validate_method, validate_rounds
+from fedsim.privacy.accountants import (
+    ACCOUNTANTS,
+    epsilon_at,
+    validate_delta,
+    validate_method,
+    validate_rounds,
+)
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import Mechanism
 
-__all__ = ["calibrate_noise", "calibrate_all"]
+__all__ = ["calibrate_all", "calibrate_noise"]
 
 
-def calibrate_noise(mechanism: Mechanism, target_epsilon: float, delta: float, rounds: int,
-                    method: str = "pld", *, z_min: float = 0.05, z_max: float = 1e4,
-                    rel_tol: float = 1e-3) -> float | None:
+def calibrate_noise(
+    mechanism: Mechanism,
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    method: str = "pld",
+    *,
+    z_min: float = 0.05,
+    z_max: float = 1e4,
+    rel_tol: float = 1e-3,
+) -> float | None:
     """Smallest noise multiplier (to ``rel_tol``) with epsilon after ``rounds`` rounds <= target.
 
     ``mechanism`` gives the sampling, population, clip and placement (its noise multiplier is ignored).
@@ -49,7 +63,8 @@ def calibrate_noise(mechanism: Mechanism, target_epsilon: float, delta: float, r
     return hi
 
 
-def calibrate_all(mechanism: Mechanism, target_epsilon: float, delta: float, rounds: int,
-                  methods=ACCOUNTANTS) -> dict:
+def calibrate_all(
+    mechanism: Mechanism, target_epsilon: float, delta: float, rounds: int, methods=ACCOUNTANTS
+) -> dict:
     """``{method: noise multiplier or None}`` for every method."""
     return {m: calibrate_noise(mechanism, target_epsilon, delta, rounds, m) for m in methods}

@@ -37,12 +37,12 @@ from fedsim.privacy.errors import PrivacyInputError
 
 __all__ = [
     "VERSIONS",
-    "theorem1_ab",
-    "precondition_n",
-    "generalization_statement",
     "corollary3_curve",
+    "generalization_statement",
     "min_population",
+    "precondition_n",
     "statement_curve",
+    "theorem1_ab",
 ]
 
 VERSIONS = ("uai", "arxiv")
@@ -83,8 +83,8 @@ def precondition_n(eps, delta, version: str = "uai"):
     delta = np.asarray(delta, dtype=float)
     with np.errstate(all="ignore"):
         if version == "arxiv":
-            return 2.0 / eps ** 2 * np.log(16.0 / (np.exp(-eps) * delta))
-        t1 = 2.0 / (0.077 * eps ** 2) * np.log(43.0 / (254.0 * np.exp(-1.7 * eps) * delta))
+            return 2.0 / eps**2 * np.log(16.0 / (np.exp(-eps) * delta))
+        t1 = 2.0 / (0.077 * eps**2) * np.log(43.0 / (254.0 * np.exp(-1.7 * eps) * delta))
         t2 = 200.0 / np.log(0.9 * (1.0 - 0.9 * np.exp(-eps))) * np.log(9.0 * np.exp(-eps) * delta / 48180.0)
         return np.maximum(t1, t2)
 
@@ -121,7 +121,9 @@ def _validate(eps, delta, population):
     try:
         e = float(eps)
     except (TypeError, ValueError):
-        raise PrivacyInputError("epsilon", eps, "must be a number >= 0 (inf or NaN give no statement)") from None
+        raise PrivacyInputError(
+            "epsilon", eps, "must be a number >= 0 (inf or NaN give no statement)"
+        ) from None
     if e < 0:
         raise PrivacyInputError("epsilon", eps, "must be >= 0")
     try:
@@ -177,17 +179,30 @@ def _boundary_points(delta: float, version: str) -> list[float]:
 @functools.lru_cache(maxsize=1024)
 def _uai_crossing(delta: float) -> float:
     """eps where the two terms of Lemma 1's precondition are equal (the precondition's minimiser)."""
+
     def t_diff(e):
-        t1 = 2.0 / (0.077 * e ** 2) * math.log(43.0 / (254.0 * math.exp(-1.7 * e) * delta))
-        t2 = 200.0 / math.log(0.9 * (1.0 - 0.9 * math.exp(-e))) * math.log(9.0 * math.exp(-e) * delta / 48180.0)
+        t1 = 2.0 / (0.077 * e**2) * math.log(43.0 / (254.0 * math.exp(-1.7 * e) * delta))
+        t2 = (
+            200.0
+            / math.log(0.9 * (1.0 - 0.9 * math.exp(-e)))
+            * math.log(9.0 * math.exp(-e) * delta / 48180.0)
+        )
         return t1 - t2
 
     return brentq(t_diff, 1e-6, _EPS_MAX, xtol=1e-14, rtol=1e-13)
 
 
 def _statement(eps: float, delta: float, population: int, version: str) -> dict:
-    base = dict(status="no-statement", a=None, b=None, eps_used=None, version=version,
-                epsilon=eps, delta=delta, population=population)
+    base = dict(
+        status="no-statement",
+        a=None,
+        b=None,
+        eps_used=None,
+        version=version,
+        epsilon=eps,
+        delta=delta,
+        population=population,
+    )
     if not math.isfinite(eps):
         return base
     iv = _admissible_interval(float(population), delta, version)
@@ -276,20 +291,28 @@ def statement_curve(epsilons, delta, population, version: str = "uai") -> list[d
     idx = np.searchsorted(grid, eps, side="left")
     after = np.where(idx < grid.size, suffix[np.minimum(idx, grid.size - 1)], np.inf)
     ea, eb = theorem1_ab(np.where(np.isfinite(eps), np.maximum(eps, 1e-9), 1.0), d, version)
-    at = np.where(np.isfinite(eps) & (ea < 1) & (eb < 1) & (eb >= 0),
-                  precondition_n(np.maximum(eps, 1e-9), d, version), np.inf)
+    at = np.where(
+        np.isfinite(eps) & (ea < 1) & (eb < 1) & (eb >= 0),
+        precondition_n(np.maximum(eps, 1e-9), d, version),
+        np.inf,
+    )
     nmin = np.minimum(after, at)
     rows = []
     for i in range(eps.size):
         st = out_status[i]
-        rows.append(dict(
-            status=str(st),
-            a=None if st == "no-statement" else float(a_out[i]),
-            b=None if st == "no-statement" else float(b_out[i]),
-            eps_used=None if st == "no-statement" else float(e_out[i]),
-            n_min=None if not np.isfinite(nmin[i]) else int(math.ceil(nmin[i] * (1 + 1e-12))),
-            version=version, epsilon=float(eps[i]), delta=d, population=n,
-        ))
+        rows.append(
+            dict(
+                status=str(st),
+                a=None if st == "no-statement" else float(a_out[i]),
+                b=None if st == "no-statement" else float(b_out[i]),
+                eps_used=None if st == "no-statement" else float(e_out[i]),
+                n_min=None if not np.isfinite(nmin[i]) else int(math.ceil(nmin[i] * (1 + 1e-12))),
+                version=version,
+                epsilon=float(eps[i]),
+                delta=d,
+                population=n,
+            )
+        )
     return rows
 
 
@@ -304,8 +327,14 @@ def corollary3_curve(populations, delta=None, version: str = "uai") -> dict:
     C = np.asarray(populations, dtype=int).ravel()
     if C.size == 0 or (C < 1).any():
         raise PrivacyInputError("populations", populations, "must be integers >= 1")
-    out = dict(C=C, delta=np.empty(C.size), eps_min=np.full(C.size, np.nan), a=np.full(C.size, np.nan),
-               b=np.full(C.size, np.nan), status=np.empty(C.size, dtype=object))
+    out = dict(
+        C=C,
+        delta=np.empty(C.size),
+        eps_min=np.full(C.size, np.nan),
+        a=np.full(C.size, np.nan),
+        b=np.full(C.size, np.nan),
+        status=np.empty(C.size, dtype=object),
+    )
     for i, c in enumerate(C):
         d = float(delta) if delta is not None else 1.0 / float(c) ** 2
         if not (0 < d < 1):
@@ -320,17 +349,27 @@ def corollary3_curve(populations, delta=None, version: str = "uai") -> dict:
     return out
 
 
-def min_population(mechanism, rounds: int, delta: float, method: str = "pld", version: str = "uai",
-                   max_population: int = 10 ** 9) -> int | None:
+def min_population(
+    mechanism,
+    rounds: int,
+    delta: float,
+    method: str = "pld",
+    version: str = "uai",
+    max_population: int = 10**9,
+) -> int | None:
     """Smallest population at which the statement after ``rounds`` rounds of ``mechanism`` is ``ok``.
 
     The mechanism keeps its sampling rate if it was given as a rate (or is "all"), or its clients per
     round if given as a count (then a larger population also lowers epsilon through q = tau/N).
     Returns None if no population up to ``max_population`` suffices.
     """
+
     def mech_at(n: int):
-        return mechanism.replace(population=n) if mechanism.sampling_rate is not None or mechanism.sampling == "all" \
+        return (
+            mechanism.replace(population=n)
+            if mechanism.sampling_rate is not None or mechanism.sampling == "all"
             else mechanism.replace(population=n, clients_per_round=mechanism.clients_per_round)
+        )
 
     def eps_at(n: int) -> float:
         return float(compute_curve(mech_at(n), rounds, delta, method).epsilon[-1])
@@ -340,7 +379,9 @@ def min_population(mechanism, rounds: int, delta: float, method: str = "pld", ve
 
     lo = max(1, int(mechanism.clients_per_round or 1)) if mechanism.sampling == "fixed" else 1
     if mechanism.sampling_rate is not None or mechanism.sampling == "all":
-        nm = generalization_statement(eps_at(mechanism.population), delta, mechanism.population, version)["n_min"]
+        nm = generalization_statement(eps_at(mechanism.population), delta, mechanism.population, version)[
+            "n_min"
+        ]
         if nm is None or nm > max_population:
             return None
         return max(nm, lo)

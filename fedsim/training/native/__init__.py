@@ -41,7 +41,13 @@ log = logging.getLogger(__name__)
 
 
 def _compiler() -> str | None:
-    cands = [os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0] or None, "cc", "gcc", "clang"]
+    cands = [
+        os.environ.get("CC"),
+        (sysconfig.get_config_var("CC") or "").split(" ")[0] or None,
+        "cc",
+        "gcc",
+        "clang",
+    ]
     for c in cands:
         if c and shutil.which(c):
             return shutil.which(c)
@@ -94,7 +100,9 @@ def _torch_symbols() -> dict[str, int | None]:
 
 def _build(cc: str) -> Path:
     src = _SRC.read_bytes()
-    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run(
+        [cc, "--version"], check=False, capture_output=True, text=True, timeout=30
+    ).stdout
     key = hashlib.sha256(
         src + "\0".join([cc, version, *_FLAGS, _cpu_key(), sys.platform]).encode()
     ).hexdigest()[:16]
@@ -143,12 +151,18 @@ def _load() -> ctypes.CDLL | None:
                 lib.fedsim_set_mkl_threads_local(syms["MKL_Set_Num_Threads_Local"])
                 f = lib.fedsim_cnn1d_train
                 f.restype = ctypes.c_int
-                f.argtypes = ([ctypes.c_void_p] * 8 + [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
-                              + [ctypes.c_float] * 2 + [ctypes.c_void_p, ctypes.c_int])
-        except Exception as exc:  # noqa: BLE001 - any failure means: use the PyTorch path
+                f.argtypes = (
+                    [ctypes.c_void_p] * 8
+                    + [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+                    + [ctypes.c_float] * 2
+                    + [ctypes.c_void_p, ctypes.c_int]
+                )
+        except Exception as exc:
             lib, reason = None, f"{type(exc).__name__}: {exc}"
         if lib is None:
-            log.warning("fedsim's fused CPU kernels are unavailable (%s); training uses the PyTorch path", reason)
+            log.warning(
+                "fedsim's fused CPU kernels are unavailable (%s); training uses the PyTorch path", reason
+            )
         _state["lib"], _state["reason"] = lib, reason
         return lib
 
@@ -182,8 +196,13 @@ def cnn1d_dims(model: Any, batch_size: int) -> np.ndarray | None:
         return None
     c1, c2, head = model.conv1, model.conv2, model.head
     for conv in (c1, c2):
-        if (conv.groups != 1 or conv.dilation != (1,) or conv.padding_mode != "zeros"
-                or not isinstance(conv.padding, tuple) or conv.bias is None):
+        if (
+            conv.groups != 1
+            or conv.dilation != (1,)
+            or conv.padding_mode != "zeros"
+            or not isinstance(conv.padding, tuple)
+            or conv.bias is None
+        ):
             return None
     if head.bias is None:
         return None
@@ -200,17 +219,46 @@ def cnn1d_dims(model: Any, batch_size: int) -> np.ndarray | None:
     l2 = (l1 + 2 * c2.padding[0] - c2.kernel_size[0]) // c2.stride[0] + 1
     if l2 * c2.out_channels != head.in_features:
         return None
-    return np.array([
-        c0, l0, c1.out_channels, c1.kernel_size[0], c1.stride[0], c1.padding[0], l1,
-        c2.out_channels, c2.kernel_size[0], c2.stride[0], c2.padding[0], l2, head.out_features, batch_size,
-        offsets["conv1.weight"], offsets["conv1.bias"], offsets["conv2.weight"], offsets["conv2.bias"],
-        offsets["head.weight"], offsets["head.bias"], off,
-    ], dtype=np.int32)
+    return np.array(
+        [
+            c0,
+            l0,
+            c1.out_channels,
+            c1.kernel_size[0],
+            c1.stride[0],
+            c1.padding[0],
+            l1,
+            c2.out_channels,
+            c2.kernel_size[0],
+            c2.stride[0],
+            c2.padding[0],
+            l2,
+            head.out_features,
+            batch_size,
+            offsets["conv1.weight"],
+            offsets["conv1.bias"],
+            offsets["conv2.weight"],
+            offsets["conv2.bias"],
+            offsets["head.weight"],
+            offsets["head.bias"],
+            off,
+        ],
+        dtype=np.int32,
+    )
 
 
-def cnn1d_train(dims: np.ndarray, global_w: torch.Tensor, x_all: np.ndarray, y_all: np.ndarray,
-                order: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, lr: float, momentum: float,
-                threads: int | None = None) -> tuple[torch.Tensor, np.ndarray]:
+def cnn1d_train(
+    dims: np.ndarray,
+    global_w: torch.Tensor,
+    x_all: np.ndarray,
+    y_all: np.ndarray,
+    order: np.ndarray,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    lr: float,
+    momentum: float,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, np.ndarray]:
     """Local SGD of ``K = len(sizes)`` clients from ``global_w`` (float32 ``[dim]``, ``parameters_to_vector``
     of the model); returns their updates ``[K, dim]`` (trained minus ``global_w``, float32) and the sum of
     each client's per-step mean losses ``[K]`` (float64).
@@ -226,7 +274,9 @@ def cnn1d_train(dims: np.ndarray, global_w: torch.Tensor, x_all: np.ndarray, y_a
     dims = np.ascontiguousarray(dims, dtype=np.int32)
     positive = (0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13)  # channels, lengths, kernels, strides, classes, batch
     if dims.shape != (21,) or int(dims[:14].min()) < 0 or min(int(dims[i]) for i in positive) < 1:
-        raise ValueError(f"cnn1d_train: dims must be the 21 values of cnn1d_dims (sizes >= 1); got {dims.tolist()}")
+        raise ValueError(
+            f"cnn1d_train: dims must be the 21 values of cnn1d_dims (sizes >= 1); got {dims.tolist()}"
+        )
     x_all = np.ascontiguousarray(x_all, dtype=np.float32)
     y_all = np.ascontiguousarray(y_all, dtype=np.int64)
     order = np.ascontiguousarray(order, dtype=np.int64)
@@ -235,7 +285,9 @@ def cnn1d_train(dims: np.ndarray, global_w: torch.Tensor, x_all: np.ndarray, y_a
     dim = int(dims[20])
     gw = global_w.detach().to(device="cpu", dtype=torch.float32).contiguous()
     if gw.shape != (dim,):
-        raise ValueError(f"cnn1d_train: global_w must be [{dim}] (the model's parameters); got {tuple(gw.shape)}")
+        raise ValueError(
+            f"cnn1d_train: global_w must be [{dim}] (the model's parameters); got {tuple(gw.shape)}"
+        )
     n_rows, k = x_all.shape[0], sizes.shape[0]
     if x_all.ndim != 2 or x_all.shape[1] != int(dims[0]) * int(dims[1]) or y_all.shape != (n_rows,):
         raise ValueError(f"cnn1d_train: x_all must be [N, {int(dims[0]) * int(dims[1])}] and y_all [N]")
@@ -248,8 +300,20 @@ def cnn1d_train(dims: np.ndarray, global_w: torch.Tensor, x_all: np.ndarray, y_a
     updates = torch.empty((k, dim), dtype=torch.float32)
     loss_sum = np.zeros(k, dtype=np.float64)
     status = lib.fedsim_cnn1d_train(
-        _ptr(dims), _ptr(gw), _ptr(updates), _ptr(x_all), _ptr(y_all), _ptr(order), _ptr(offsets), _ptr(sizes),
-        order.shape[0], n_rows, k, float(lr), float(momentum), _ptr(loss_sum),
+        _ptr(dims),
+        _ptr(gw),
+        _ptr(updates),
+        _ptr(x_all),
+        _ptr(y_all),
+        _ptr(order),
+        _ptr(offsets),
+        _ptr(sizes),
+        order.shape[0],
+        n_rows,
+        k,
+        float(lr),
+        float(momentum),
+        _ptr(loss_sum),
         max(1, int(threads if threads is not None else torch.get_num_threads())),
     )
     if status == 3:
