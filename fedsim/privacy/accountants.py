@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedsim.validation import open_unit
+
 from . import certified, closed_forms
 from .errors import PrivacyInputError
 from .gaussian import amplify_epsilon, gaussian_epsilon
@@ -53,13 +55,7 @@ __all__ = [
 
 
 def validate_delta(delta, field_name: str = "delta") -> float:
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise PrivacyInputError(field_name, delta, "must be a number in (0, 1)") from None
-    if isinstance(delta, bool) or not (0.0 < d < 1.0):
-        raise PrivacyInputError(field_name, delta, "must be in (0, 1)")
-    return d
+    return open_unit(field_name, delta)
 
 
 def validate_rounds(rounds, field_name: str = "rounds") -> int:

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from .partial import PartialSum
-from .randomness import make_rng, randomness_kind
+from .randomness import SeededState, make_rng, randomness_kind
 
 NOISE_PLACEMENTS = ("central", "distributed")
 
 
 @dataclass
-class NoiseSource:
+class NoiseSource(SeededState):
     """Independent Gaussian noise per round and purpose. ``seed=None``: the operating system's entropy."""
 
     seed: int | None = None
@@ -40,16 +40,6 @@ class NoiseSource:
     def normal(self, round_: int, stream: int, std: float, size: int | None = None) -> Any:
         """``N(0, std^2)`` draws (a float when ``size`` is None) for ``stream`` of round ``round_``."""
         return self.rng(round_, stream).normal(0.0, std, size=size)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(
-                f"a {state.get('name')!r} noise source's state cannot be loaded into {self.name!r}"
-            )
-        self.seed = state.get("seed")
 
 
 GaussianNoiseSource = NoiseSource

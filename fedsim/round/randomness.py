@@ -91,6 +91,24 @@ def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> Any:
     return np.random.default_rng([int(seed), int(round_), int(stream), *(int(e) for e in extra)])
 
 
+class SeededState:
+    """State a checkpoint saves for a counter-based component (a sampler, a noise source): its name and seed.
+
+    Every draw is a function of ``(seed, round, stream)``, so the seed is all there is to restore; a component
+    that keeps earlier draws (correlated noise across rounds) extends :meth:`state_dict`."""
+
+    name: str = ""
+    seed: int | None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"state of {state.get('name')!r} cannot be loaded into {self.name!r}")
+        self.seed = state.get("seed")
+
+
 def randomness_kind(seed: int | None) -> str:
     """``"seeded"`` or ``"os-entropy"``: what :func:`make_rng` draws from for this seed."""
     return OS_ENTROPY if seed is None else SEEDED

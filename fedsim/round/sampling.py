@@ -26,7 +26,7 @@ import numpy as np
 
 from fedsim.validation import cohort, one_of
 
-from .randomness import STREAM_SAMPLING, make_rng
+from .randomness import STREAM_SAMPLING, SeededState, make_rng
 
 
 def id_array(client_ids: Any) -> np.ndarray:
@@ -71,7 +71,7 @@ def sample_cohort(
 
 
 @dataclass
-class Sampler:
+class Sampler(SeededState):
     """Draws round ``t``'s cohort. ``seed=None``: from the operating system's entropy (deployment).
 
     Subclasses set :attr:`name` and implement :meth:`sample`; the state a checkpoint must save to continue the
@@ -98,16 +98,6 @@ class Sampler:
         if self.name == "fixed":
             return sample_cohort(ids, "fixed", self.rng(round_), clients_per_round=int(mechanism.tau))
         return ids
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(
-                f"a {state.get('name')!r} sampler's state cannot be loaded into a {self.name!r} sampler"
-            )
-        self.seed = state.get("seed")
 
 
 class PoissonSampler(Sampler):

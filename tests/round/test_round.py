@@ -211,3 +211,23 @@ def test_add_batch_rejects_wrong_shapes():
     assert p.rejected == 3 and p.count == 0 and not p.total.any()
     with pytest.raises(ValueError, match=r"\[K, dim\]"):
         p.add_batch(np.zeros(4), 1.0)  # one flat update is not a batch
+
+
+def test_sampler_and_noise_source_state_round_trips_and_continues_the_same_draws():
+    from fedsim.privacy import Mechanism
+    from fedsim.round import STREAM_NOISE, NoiseSource, make_sampler
+
+    m = Mechanism(population=50, sampling="fixed", clients_per_round=5)
+    sampler, noise = make_sampler("fixed", 7), NoiseSource(7)
+    restored_sampler, restored_noise = make_sampler("fixed", None), NoiseSource(None)
+    restored_sampler.load_state_dict(sampler.state_dict())
+    restored_noise.load_state_dict(noise.state_dict())
+    for t in (1, 2, 9):
+        assert np.array_equal(sampler.sample(t, range(50), m), restored_sampler.sample(t, range(50), m))
+        assert np.array_equal(
+            noise.normal(t, STREAM_NOISE, 1.0, 4), restored_noise.normal(t, STREAM_NOISE, 1.0, 4)
+        )
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        make_sampler("poisson", 0).load_state_dict(sampler.state_dict())
+    with pytest.raises(ValueError, match="same population"):
+        sampler.sample(1, range(40), m)  # sampling and accounting must use the same population
