@@ -314,7 +314,7 @@ def _basic_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -
 
 
 def _pld_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -> float:
-    # the ledger composes its rounds incrementally (fedsim.privacy.fast_pld) and raises PldTooLarge instead of
+    # the ledger composes its rounds incrementally (dp-accounting's compose) and raises PldTooLarge instead of
     # exhausting memory
     return ledger.pld_epsilon(rounds, relation, delta, cache)
 

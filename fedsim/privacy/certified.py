@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from .errors import PrivacyInputError
-from .fast_pld import FastPld
 from .mechanism import Mechanism
 
 __all__ = [
@@ -103,6 +102,28 @@ class PldTooLarge(Exception):
 MAX_PLD_POINTS = 5_000_000
 
 
+def check_pld_size(mechanisms: list[Mechanism], relation: str, discretization: float) -> None:
+    """Raise :class:`PldTooLarge` when one round's PLD, or the composition of ``mechanisms``, would not fit.
+
+    One round: :func:`estimated_pld_points`. The composition: after truncating tails of mass 1e-15, the privacy
+    loss of a composition spans about 16 standard deviations of the summed losses; a Gaussian round with
+    sensitivity-to-noise ratio ``r`` has a loss of standard deviation ``r`` at most (sampling only narrows it),
+    so ``16 * sqrt(sum r_i^2) / discretization`` points, an over-estimate that errs toward RDP, never toward
+    exhausting memory."""
+    worst = 0.0
+    for m in mechanisms:
+        points = estimated_pld_points(m, relation, discretization)
+        if points > MAX_PLD_POINTS:
+            raise PldTooLarge(
+                f"one round of noise multiplier {m.noise_multiplier:g} needs about {points:.3g} PLD points"
+            )
+        worst = max(worst, points)
+    spread = math.sqrt(sum((1.0 / _pld_params(m, relation)[0]) ** 2 for m in mechanisms))
+    composed = 16.0 * spread / discretization + worst
+    if composed > MAX_PLD_POINTS:
+        raise PldTooLarge(f"composing {len(mechanisms)} releases would need about {composed:.3g} PLD points")
+
+
 def estimated_pld_points(
     m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION
 ) -> float:
@@ -111,20 +132,6 @@ def estimated_pld_points(
     Cheap: used to refuse a PLD before building it."""
     std, _q, _rel = _pld_params(m, relation or m.neighbouring)
     return (1.0 + 20.0 * std) / (std * std) / discretization
-
-
-def round_fast_pld(
-    m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION
-):
-    """:func:`round_pld` as a :class:`fedsim.privacy.fast_pld.FastPld` (cached): for per-round composition."""
-    relation = relation or m.neighbouring
-    std, q, rel = _pld_params(m, relation)
-    return _fast_pld_cached(float(std), float(q), rel, float(discretization))
-
-
-@functools.lru_cache(maxsize=256)
-def _fast_pld_cached(std: float, q: float, relation: str, discretization: float):
-    return FastPld.from_dp_accounting(_pld_cached(std, q, relation, discretization))
 
 
 def _relation(relation: str):

@@ -7,7 +7,7 @@ population and rate) are composed *before* sampling into one Gaussian with
 with a different sampling, and different rounds, compose normally.
 
 ``epsilon(delta, "pld")`` keeps the composed PLD of the rounds so far, so calling it after every round
-costs one PLD convolution per round (:mod:`fedsim.privacy.fast_pld`).
+costs one PLD composition per round (dp-accounting's own, the PLDs ``fedsim privacy`` composes too).
 """
 
 from __future__ import annotations
@@ -202,12 +202,12 @@ class Ledger:
         return float(curve.epsilon[-1])
 
     def pld_epsilon(self, rounds, relation: str, delta: float, cache: bool = True) -> float:
-        """Compose the rounds' PLDs (:mod:`fedsim.privacy.fast_pld`, the arithmetic of dp-accounting's
-        ``compose`` and ``get_epsilon_for_delta`` vectorised) and read epsilon off the result.
+        """Compose the rounds' PLDs with dp-accounting (its public ``compose`` and ``get_epsilon_for_delta``, the
+        same PLDs ``fedsim privacy`` uses) and read epsilon off the result.
 
-        Cached: the composition of every round but the last, and the whole composition with the last
-        round's events; a query after one more round reuses the latter as its prefix, so it costs one
-        composition (per direction)."""
+        Cached: the composition of every round but the last, and the whole composition with the last round's
+        events; a query after one more round reuses the latter as its prefix, so it costs one composition.
+        Raises :class:`certified.PldTooLarge` instead of building a PLD that would not fit in memory."""
         vdi = self.pld_discretization
         complete, last = rounds[:-1], rounds[-1]
         acc = None
@@ -220,39 +220,23 @@ class Ledger:
                 continue
             n0, acc = cached[1], cached[3]
             break
-        limit = certified.MAX_PLD_POINTS
-        for events in rounds[n0:]:
-            for m in events:
-                points = certified.estimated_pld_points(m, relation, vdi)
-                if points > limit:
-                    raise certified.PldTooLarge(
-                        f"one round of noise multiplier {m.noise_multiplier:g} needs about "
-                        f"{points:.3g} PLD points"
-                    )
+        certified.check_pld_size([m for events in rounds for m in events], relation, vdi)
 
-        def compose(acc, m: Mechanism, n_rounds: int):
-            p = certified.round_fast_pld(m, relation, vdi)
-            if acc is None:
-                return p
-            if acc.size + p.size > limit:
-                raise certified.PldTooLarge(
-                    f"composing round {n_rounds} would need about {acc.size + p.size:.3g} PLD points"
-                )
-            return acc.compose(p)
+        def compose(acc, m: Mechanism):
+            p = certified.round_pld(m, relation, vdi)
+            return p if acc is None else acc.compose(p)
 
         for i in range(n0, len(complete)):
             for m in complete[i]:
-                acc = compose(acc, m, i + 1)
+                acc = compose(acc, m)
         if cache and complete:
             self._pld_prefix = (relation, len(complete), complete[-1], acc)
         total = acc
         for m in last:
-            total = compose(total, m, len(rounds))
+            total = compose(total, m)
         if cache:
             self._pld_total = (relation, len(rounds), last, total)
-        # round up by a relative 1e-9: the vectorised sums may differ from dp-accounting's loop in the last
-        # bits (observed <= 6e-12 relative), and a certificate must never come out below it
-        return float(total.epsilon_for_delta(delta)) * (1.0 + 1e-9)
+        return float(total.get_epsilon_for_delta(delta))
 
     # ------------------------------------------------------------------ curves and serialisation
     def epsilon_curve(self, delta: float, method: str = "pld") -> np.ndarray:
