@@ -56,20 +56,20 @@ def run_scenario(
     t0 = time.perf_counter()
     run_dir = new_run_dir(scenario.name, out, runs_root) if write else None  # refuse a used --out first
     writer = RunWriter(run_dir) if run_dir else None
-    if writer:
-        writer.write_text("config.toml", scenario_to_toml(scenario))
-    if engine is None and scenario.engine.name == "flower":
-        flower = FlowerEngine(
-            num_cpus_per_client=scenario.engine.num_cpus_per_worker,
-            num_gpus_per_client=scenario.engine.num_gpus_per_worker,
-        )
-        return flower.run(scenario, on_row=on_row, writer=writer)
-    exp = build_experiment(scenario)
-    if writer:
-        writer.write_json("data.json", exp.data.describe())
     own_engine = engine is None
-    t_engine = time.perf_counter()
     try:
+        if writer:
+            writer.write_text("config.toml", scenario_to_toml(scenario))
+        if own_engine and scenario.engine.name == "flower":
+            flower = FlowerEngine(
+                num_cpus_per_client=scenario.engine.num_cpus_per_worker,
+                num_gpus_per_client=scenario.engine.num_gpus_per_worker,
+            )
+            return flower.run(scenario, on_row=on_row, writer=writer)
+        exp = build_experiment(scenario)
+        if writer:
+            writer.write_json("data.json", exp.data.describe())
+        t_engine = time.perf_counter()
         engine = engine or build_engine(scenario, exp.data, exp.settings)
         timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
         return run_rounds(exp, engine, writer=writer, on_row=on_row, timings=timings)
