@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 OFFLINE_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
@@ -16,6 +17,16 @@ OFFLINE_DEFAULTS = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
 }
+
+
+def cache_dir() -> Path:
+    """Where fedsim caches what it builds (generated datasets, compiled kernels): ``$FEDSIM_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fedsim``, else ``~/.cache/fedsim``."""
+    env = os.environ.get("FEDSIM_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "fedsim" if xdg else Path.home() / ".cache" / "fedsim"
 
 
 def set_offline_defaults(private_state: bool = False, prefix: str = "fedsim-") -> None:

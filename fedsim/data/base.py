@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import os
 import random
 import socket
@@ -18,6 +19,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from fedsim.data._validate import check_int
+from fedsim.data.cache import cached_arrays
 
 MNIST1D_DEFAULT_SAMPLES = 4000
 MNIST1D_DATA_SEED = 42  # the generator seed of mnist1d's default arguments (the published dataset)
@@ -61,7 +63,8 @@ def make_mnist1d_arrays(num_samples: int = MNIST1D_DEFAULT_SAMPLES) -> ArrayData
 
     Only ``num_samples`` is changed. The library's own train/test split is concatenated back into
     one pool (held-out *clients* are the test set here). ``make_dataset`` seeds NumPy's and
-    Python's global generators; their states are restored afterwards so callers are unaffected.
+    Python's global generators; their states are restored afterwards so callers are unaffected. The arrays are
+    cached on disk (:mod:`fedsim.data.cache`), so the same data is generated once per machine.
     """
     num_samples = check_int("num_samples", num_samples, minimum=10)
     from mnist1d.data import (  # an optional, heavy dependency: loaded for the dataset that needs it
@@ -71,17 +74,22 @@ def make_mnist1d_arrays(num_samples: int = MNIST1D_DEFAULT_SAMPLES) -> ArrayData
 
     args = get_dataset_args()
     args.num_samples = num_samples
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    try:
-        data = make_dataset(args)
-    finally:
-        np.random.set_state(np_state)
-        random.setstate(py_state)
-    x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
-    y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
-    x.setflags(write=False)
-    y.setflags(write=False)
+
+    def generate() -> tuple[np.ndarray, np.ndarray]:
+        np_state = np.random.get_state()
+        py_state = random.getstate()
+        try:
+            data = make_dataset(args)
+        finally:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+        x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+        y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+        return x, y
+
+    # keyed by every argument of the generator and its version: generating 55,000 examples takes about 20 s
+    key = {"args": dict(sorted(vars(args).items())), "mnist1d": importlib.metadata.version("mnist1d")}
+    x, y = cached_arrays("mnist1d", key, generate)
     return ArrayDataset("mnist1d", x, y, 10)
 
 

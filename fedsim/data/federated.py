@@ -36,7 +36,7 @@ from fedsim.data.base import (
     load_hub_arrays,
     make_mnist1d_arrays,
 )
-from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, partition_rows
+from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, cached_partition_rows
 
 DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic")
 """The offline datasets. ``"hf:<repo id>"`` also loads a Hugging Face dataset (online or cached)."""
@@ -497,7 +497,9 @@ def build_federated_data(
     noise = check_float("domain_noise", options.get("domain_noise", DEFAULT_DOMAIN_NOISE), low=0.0)
     swaps = check_int("domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0)
     part_opts = {k: v for k, v in options.items() if k in _PARTITION_OPTION_NAMES}
-    rows, settings = partition_rows(base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts)
+    rows, settings = cached_partition_rows(
+        base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts
+    )
     return ArrayFederatedData(
         base,
         rows,

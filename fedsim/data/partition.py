@@ -17,12 +17,16 @@ Rows are handed to the partitioner in a seeded random order, so every partitione
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import warnings
 from typing import Any
 
 import numpy as np
 
 from fedsim.data._validate import check_bool, check_choice, check_float, check_int, invalid
+from fedsim.data.cache import cached
 
 PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "shard")
 
@@ -40,6 +44,33 @@ CLASS_ASSIGNMENT_MODES: tuple[str, ...] = ("first-deterministic", "deterministic
 def default_min_partition_size(num_rows: int, num_clients: int) -> int:
     """A quarter of the average client size, between 1 and 10 (digits, 100 clients: 4)."""
     return max(1, min(10, num_rows // (4 * num_clients)))
+
+
+def cached_partition_rows(
+    labels: np.ndarray, num_clients: int, partitioner: str, *, seed: int, alpha: float = 0.5, **options: Any
+) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """:func:`partition_rows` through the disk cache (:mod:`fedsim.data.cache`), keyed by the labels' digest, the
+    arguments and the flwr-datasets version that partitions."""
+    key = {
+        "labels": hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest(),
+        "num_clients": int(num_clients),
+        "partitioner": partitioner,
+        "seed": int(seed),
+        "alpha": float(alpha),
+        "options": options,
+        "flwr-datasets": importlib.metadata.version("flwr-datasets"),
+    }
+
+    def build() -> dict[str, np.ndarray]:
+        rows, settings = partition_rows(labels, num_clients, partitioner, seed=seed, alpha=alpha, **options)
+        offsets = np.cumsum([0] + [r.size for r in rows])
+        flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        return {"rows": flat.astype(np.int64), "offsets": offsets, "settings": np.array(json.dumps(settings))}
+
+    got = cached("partition", key, build)
+    offsets, flat = got["offsets"], got["rows"]
+    rows = [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return rows, json.loads(str(got["settings"]))
 
 
 def partition_rows(
@@ -183,7 +214,8 @@ def _assign(part: Any, table: Any, num_clients: int) -> list[np.ndarray]:
         # ShardPartitioner's Dataset.sort trips a pyarrow deprecation warning (not ours to fix)
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyarrow\..*")
         return [
-            np.asarray(part.load_partition(i).with_format("numpy")["row"], dtype=np.int64)
+            # [:] reads the column as one batch (datasets >= 4 iterates a bare column row by row)
+            np.asarray(part.load_partition(i).with_format("numpy")[:]["row"], dtype=np.int64)
             for i in range(num_clients)
         ]
 

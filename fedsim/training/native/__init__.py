@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.env import cache_dir
 from fedsim.models.registry import CNN1D
 
 _SRC = Path(__file__).with_name("cnn1d.c")
@@ -68,14 +69,6 @@ def _cpu_key() -> str:
     return text
 
 
-def _cache_dir() -> Path:
-    env = os.environ.get("FEDSIM_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "fedsim" if xdg else Path.home() / ".cache" / "fedsim"
-
-
 def _torch_symbols() -> dict[str, int | None]:
     """Addresses of ``sgemm_`` (the BLAS PyTorch links) and, when that BLAS is MKL, of
     ``MKL_Set_Num_Threads_Local`` (by-value C entry point), looked up in ``libtorch_cpu``."""
@@ -107,7 +100,7 @@ def _build(cc: str) -> Path:
         src + "\0".join([cc, version, *_FLAGS, _cpu_key(), sys.platform]).encode()
     ).hexdigest()[:16]
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    for root in (_cache_dir(), Path(tempfile.gettempdir()) / "fedsim-cache"):
+    for root in (cache_dir(), Path(tempfile.gettempdir()) / "fedsim-cache"):
         out = root / f"cnn1d-{key}{suffix}"
         if out.exists():
             return out
@@ -127,7 +120,7 @@ def _build(cc: str) -> Path:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return out
-    raise RuntimeError(f"no writable cache folder ({_cache_dir()} or the temporary folder)")
+    raise RuntimeError(f"no writable cache folder ({cache_dir()} or the temporary folder)")
 
 
 def _load() -> ctypes.CDLL | None:
