@@ -102,26 +102,39 @@ class PldTooLarge(Exception):
 MAX_PLD_POINTS = 5_000_000
 
 
-def check_pld_size(mechanisms: list[Mechanism], relation: str, discretization: float) -> None:
-    """Raise :class:`PldTooLarge` when one round's PLD, or the composition of ``mechanisms``, would not fit.
+def check_pld_size(
+    mechanisms: Iterable[Mechanism],
+    relation: str,
+    discretization: float,
+    size: tuple[int, float, float] = (0, 0.0, 0.0),
+    whole: bool = True,
+) -> tuple[int, float, float]:
+    """Raise :class:`PldTooLarge` when one round's PLD, or (``whole``: ``mechanisms`` end the composition) the
+    composition so far plus ``mechanisms``, would not fit; else return the composition's new ``size``
+    ``(releases, sum of r^2, largest one-round points)``, which a caller that composes incrementally passes back
+    with the next releases only.
 
     One round: :func:`estimated_pld_points`. The composition: after truncating tails of mass 1e-15, the privacy
     loss of a composition spans about 16 standard deviations of the summed losses; a Gaussian round with
     sensitivity-to-noise ratio ``r`` has a loss of standard deviation ``r`` at most (sampling only narrows it),
     so ``16 * sqrt(sum r_i^2) / discretization`` points, an over-estimate that errs toward RDP, never toward
     exhausting memory."""
-    worst = 0.0
+    count, spread2, worst = size
     for m in mechanisms:
         points = estimated_pld_points(m, relation, discretization)
         if points > MAX_PLD_POINTS:
             raise PldTooLarge(
                 f"one round of noise multiplier {m.noise_multiplier:g} needs about {points:.3g} PLD points"
             )
-        worst = max(worst, points)
-    spread = math.sqrt(sum((1.0 / _pld_params(m, relation)[0]) ** 2 for m in mechanisms))
-    composed = 16.0 * spread / discretization + worst
-    if composed > MAX_PLD_POINTS:
-        raise PldTooLarge(f"composing {len(mechanisms)} releases would need about {composed:.3g} PLD points")
+        count, spread2, worst = (
+            count + 1,
+            spread2 + (1.0 / _pld_params(m, relation)[0]) ** 2,
+            max(worst, points),
+        )
+    composed = 16.0 * math.sqrt(spread2) / discretization + worst
+    if whole and composed > MAX_PLD_POINTS:
+        raise PldTooLarge(f"composing {count} releases would need about {composed:.3g} PLD points")
+    return count, spread2, worst
 
 
 def estimated_pld_points(

@@ -210,17 +210,22 @@ class Ledger:
         Raises :class:`certified.PldTooLarge` instead of building a PLD that would not fit in memory."""
         vdi = self.pld_discretization
         complete, last = rounds[:-1], rounds[-1]
-        acc = None
+        acc, size = None, (0, 0.0, 0.0)
         n0 = 0
         for cached in (self._pld_total, self._pld_prefix):
-            # (relation, rounds covered, events of its last covered round, pld)
+            # (relation, rounds covered, events of its last covered round, pld, its size estimate)
             if cached is None or cached[0] != relation or cached[1] > len(complete) or cached[1] == 0:
                 continue
             if cached[2] != rounds[cached[1] - 1]:
                 continue
-            n0, acc = cached[1], cached[3]
+            n0, acc, size = cached[1], cached[3], cached[4]
             break
-        certified.check_pld_size([m for events in rounds for m in events], relation, vdi)
+        # only the releases not yet composed are checked (the cache carries the size of the rest), so this check
+        # does not grow with the run; the composition is checked once, whole, as before
+        prefix_size = certified.check_pld_size(
+            (m for events in complete[n0:] for m in events), relation, vdi, size, whole=False
+        )
+        total_size = certified.check_pld_size(last, relation, vdi, prefix_size)
 
         def compose(acc, m: Mechanism):
             p = certified.round_pld(m, relation, vdi)
@@ -230,12 +235,12 @@ class Ledger:
             for m in complete[i]:
                 acc = compose(acc, m)
         if cache and complete:
-            self._pld_prefix = (relation, len(complete), complete[-1], acc)
+            self._pld_prefix = (relation, len(complete), complete[-1], acc, prefix_size)
         total = acc
         for m in last:
             total = compose(total, m)
         if cache:
-            self._pld_total = (relation, len(rounds), last, total)
+            self._pld_total = (relation, len(rounds), last, total, total_size)
         return float(total.get_epsilon_for_delta(delta))
 
     # ------------------------------------------------------------------ curves and serialisation
