@@ -519,8 +519,7 @@ class DPFedAvg(Strategy):
             shares = partial.noise_shares
             partial.add(update, plan.clip, already_clipped_and_noised=True)
             if plan.count_share_std > 0 and partial.noise_shares > shares:  # the update was accepted
-                partial.unclipped_noised += bit
-                partial.count_shares += 1
+                partial.add_noised_count(bit)
             return
         partial.add(update, plan.clip)
 

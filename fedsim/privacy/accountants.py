@@ -369,7 +369,6 @@ ACCOUNTANTS: dict[str, Accountant] = {
 CERTIFIED = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "certified")
 VALID_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "valid closed-form bound")
 PAPER_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "paper bound, not a certificate")
-DESCRIPTIONS = {n: a.description for n, a in ACCOUNTANTS.items()}
 
 
 def method_kind(method: str) -> str:

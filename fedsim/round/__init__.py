@@ -13,7 +13,6 @@ on call order or worker count. With ``seed=None`` every value comes from the ope
 
 from .noise import (
     NOISE_PLACEMENTS,
-    GaussianNoiseSource,
     NoiseSource,
     gaussian_noise,
     noise_share_std,
@@ -51,7 +50,6 @@ __all__ = [
     "STREAM_NOISE",
     "STREAM_NOISE_SHARE",
     "STREAM_SAMPLING",
-    "GaussianNoiseSource",
     "NoiseSource",
     "OsEntropyGenerator",
     "PartialSum",

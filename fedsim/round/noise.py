@@ -4,7 +4,7 @@ The Gaussian noise on the **sum** of clipped updates has std ``noise_multiplier 
 by the **expected** cohort size, never the realised count (the realised count is data-dependent and would leak).
 
 A :class:`NoiseSource` draws every noise a round releases from its own stream per purpose
-(:mod:`fedsim.round.randomness`). :class:`GaussianNoiseSource` is independent across rounds; a mechanism whose
+(:mod:`fedsim.round.randomness`). :class:`NoiseSource` is independent across rounds; a mechanism whose
 round-``t`` noise combines earlier draws (matrix-factorisation / correlated noise) is another source that keeps
 those draws in its :meth:`NoiseSource.state_dict`, so that a checkpoint can save and restore it.
 """
@@ -40,9 +40,6 @@ class NoiseSource(SeededState):
     def normal(self, round_: int, stream: int, std: float, size: int | None = None) -> Any:
         """``N(0, std^2)`` draws (a float when ``size`` is None) for ``stream`` of round ``round_``."""
         return self.rng(round_, stream).normal(0.0, std, size=size)
-
-
-GaussianNoiseSource = NoiseSource
 
 
 def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:

@@ -165,6 +165,11 @@ class PartialSum:
         self.norms.extend(float(v) for v in norms[finite])
         return np.where(finite, norms, math.nan)
 
+    def add_noised_count(self, value: float) -> None:
+        """Distributed noise with adaptive clipping: add one client's unclipped bit, already noised by the client."""
+        self.unclipped_noised += float(value)
+        self.count_shares += 1
+
     def reject(self, n: int = 1) -> None:
         self.rejected += n
 

@@ -259,8 +259,7 @@ class ClientTrainer:
                     partial.unclipped += int(norm <= clip)
                     partial.norms.append(norm)
                     if count_share_std > 0:
-                        partial.unclipped_noised += int(norm <= clip) + rng.normal(0.0, count_share_std)
-                        partial.count_shares += 1
+                        partial.add_noised_count(int(norm <= clip) + rng.normal(0.0, count_share_std))
                 else:
                     partial.reject()
             else:
