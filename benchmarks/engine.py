@@ -4,8 +4,9 @@ Workload: MNIST-1D generated with 50,000 examples over 1,000 clients (Dirichlet)
 layer of 100 units, Poisson sampling with 100 expected clients per round, 1 local epoch of batch 16, clip 1,
 noise multiplier 1, 30 rounds.
 
-* fedsim: ``run_scenario`` with the Ray engine on the same 2 CPUs: 2 workers x 1 CPU (vectorize off and on)
-  and 1 worker x 2 CPUs (vectorised); the ratios use the fastest;
+* fedsim: ``run_scenario`` with the Ray engine on the same 2 CPUs: 2 workers x 1 CPU (the per-client loop,
+  and ``vectorize = "auto"``, which takes the per-layer path for this MLP) and 1 worker x 2 CPUs (auto); the
+  ratios use the fastest;
 * Flower: ``flwr.simulation.run_simulation`` (2 CPUs, 1 CPU per ClientApp) with Flower's own
   ``DifferentialPrivacyServerSideFixedClipping`` wrapping ``FedAvg`` (fraction_train=0.1 of 1,000 nodes);
 * floors: a plain single-process PyTorch loop and a plain single-process ``torch.func`` version.
@@ -14,8 +15,8 @@ Data generation and partitioning are done once, before any engine is timed, and 
 end-to-end figure (Flower's ClientApps load the same partition from an ``.npz`` file; fedsim gets the
 same ``FederatedData`` object); their time is printed separately.
 
-Also: achieved training FLOP/s per core of a small CNN (``cnn1d`` on MNIST-1D) against a matrix-multiply
-peak measured in the same run.
+Also: client updates per second of the Conv2d CNN on the digits (1x8x8 images) and of CNN1D on MNIST-1D on
+each training path (per-layer rules, torch.func vmap, per-client loop), one worker, one thread.
 
     python benchmarks/engine.py                 # full size (several minutes)
     python benchmarks/engine.py --quick         # smoke run
@@ -111,7 +112,7 @@ def scenario(w: dict[str, Any], vectorize: bool, engine: str = "ray", workers: i
                 "name": engine,
                 "num_workers": workers,
                 "num_cpus_per_worker": 2.0 / workers,
-                "vectorize": vectorize,
+                "vectorize": "auto" if vectorize else "loop",
                 "eval_every": 10**9,
             },
         }
@@ -152,7 +153,7 @@ def run_fedsim(
     s = steady(rt)
     return {
         "name": (f"fedsim Ray {workers}x{2 // workers} CPU" if engine == "ray" else "fedsim Local (1 proc)")
-        + f" (vectorize={'on' if vectorize else 'off'})",
+        + f" ({'auto: per-layer' if vectorize else 'loop'})",
         "s_round": s,
         "train_s_round": steady(tt),
         "updates_s": float(np.mean(cohorts[STEADY_SKIP:] or cohorts)) / s,
@@ -332,7 +333,7 @@ class _Floor:
         self.xs = [torch.as_tensor(data.client_data(int(c))[0]) for c in self.ids]
         self.ys = [torch.as_tensor(data.client_data(int(c))[1]) for c in self.ids]
         torch.manual_seed(w["seed"])
-        self.model = build_model("mlp", data.input_dim, data.num_classes, hidden=[w["hidden"]])
+        self.model = build_model("mlp", data.input_shape, data.num_classes, hidden=[w["hidden"]])
         self.params = list(self.model.parameters())
         self.flat = torch.nn.utils.parameters_to_vector(self.params).detach().clone()
         self.rng = np.random.default_rng(123)
@@ -444,155 +445,78 @@ def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- FLOP/s of a small CNN
-def flops_report(w: dict[str, Any], data: Any) -> None:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from fedsim.models import build_model
-    from fedsim.training import native
+# ---------------------------------------------------------------- training paths of the CNNs
+def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
+    """Client updates per second of one worker (1 process, 1 thread) training a cohort, per training path:
+    the Conv2d CNN on the digits as 1x8x8 images and CNN1D on MNIST-1D, each on the per-layer path, on vmap and
+    on the per-client loop (the same clients, the same SGD; only the path differs)."""
+    from fedsim.data import build_federated_data
+    from fedsim.models import MODEL_FACTORIES
     from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
-    from fedsim.training.vectorized import train_vectorized
 
+    cases = [
+        ("cnn2d", build_federated_data("digits", num_clients=max(cohort, 100), partitioner="iid", seed=0)),
+        (
+            "cnn1d",
+            build_federated_data(
+                "mnist1d",
+                num_clients=w["num_clients"],
+                partitioner="dirichlet",
+                alpha=w["alpha"],
+                num_samples=w["num_samples"],
+                seed=w["seed"],
+                heldout_fraction=0.0,
+            ),
+        ),
+    ]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    print(
+        f"\ntraining paths, one worker (1 process, 1 thread), cohort of {cohort} clients, median of {reps} rounds:"
+    )
+    print(f"{'model':8s} {'data':18s} {'path':10s} {'updates/s':>10s} {'s/round':>9s}")
     try:
-        n = 2048
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
-        reps, t = 0, time.perf_counter()
-        while time.perf_counter() - t < 2.0:
-            torch.mm(a, b)
-            reps += 1
-        peak = 2 * n**3 * reps / (time.perf_counter() - t)
-
-        # plain loop: one client's batch-16 step, forward + backward + SGD
-        torch.manual_seed(0)
-        model = build_model("cnn1d", data.input_dim, data.num_classes)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.as_tensor(np.array(data.x[: w["batch"]]))
-        y = torch.as_tensor(np.array(data.y[: w["batch"]]))
-
-        def one_step():
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        with FlopCounterMode(display=False) as fc:
-            one_step()
-        step_flops = fc.get_total_flops()
-        for _ in range(20):
-            one_step()
-        reps, t = 0, time.perf_counter()
-        while time.perf_counter() - t < 2.0:
-            one_step()
-            reps += 1
-        loop_rate = step_flops * reps / (time.perf_counter() - t)
-
-        # fedsim's vectorised path: 100 clients of the workload, cnn1d, 1 epoch of batch 16; on the CPU that is
-        # the fused C kernel (fedsim.training.native) when it builds, and the PyTorch path with FEDSIM_NATIVE=0
-        settings = TrainSettings(
-            model="cnn1d",
-            model_kwargs={},
-            local_epochs=1,
-            batch_size=w["batch"],
-            lr=0.1,
-            seed=0,
-            vectorize=True,
-        )
-        trainer = ClientTrainer(data, settings, device="cpu")
-        gw = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)
-        cids = [int(c) for c in np.arange(0, data.num_clients, max(1, data.num_clients // 100))]
-        # useful FLOPs: the per-example FLOPs of a plain training step times the real examples processed
-        # (FlopCounterMode over the vmapped step is not used: it miscounts the grouped convolutions that
-        # vmap turns the per-client convolutions into, giving more than 100% of peak)
-        real = sum(int(trainer.data.num_examples(c)) for c in cids)
-        vec_flops = step_flops / w["batch"] * real
-        padded = sum(math.ceil(int(trainer.data.num_examples(c)) / w["batch"]) * w["batch"] for c in cids)
-
-        def vec_rate(native_flag: str) -> float:
-            old = os.environ.get("FEDSIM_NATIVE")
-            os.environ["FEDSIM_NATIVE"] = native_flag
-            try:
-                list(
-                    train_vectorized(trainer, 1, cids, gw)
-                )  # warm-up (fills the client cache, builds the kernel)
-                reps, t = 0, time.perf_counter()
-                while time.perf_counter() - t < 3.0 or reps < 2:
-                    list(train_vectorized(trainer, 1, cids, gw))
-                    reps += 1
-                return vec_flops * reps / (time.perf_counter() - t)
-            finally:
-                if old is None:
-                    os.environ.pop("FEDSIM_NATIVE", None)
-                else:
-                    os.environ["FEDSIM_NATIVE"] = old
-
-        torch_rate = vec_rate("0")
-        kernel = native.available()
-        native_rate = vec_rate("1") if kernel else math.nan
-
-        # ceiling: the batched matrix products alone of one vectorised step (100 clients x batch 16, shapes of
-        # fedsim.training.stacked's CNN1D step: 3 forward products, 5 backward), no im2col, activations or update
-        k, b_ = 100, w["batch"]
-        c1, c2 = model.conv1, model.conv2
-        l1 = (data.input_dim + 2 * c1.padding[0] - c1.kernel_size[0]) // c1.stride[0] + 1
-        l2 = (l1 + 2 * c2.padding[0] - c2.kernel_size[0]) // c2.stride[0] + 1
-        k1, k2, ch1, ch2 = c1.kernel_size[0], c2.kernel_size[0], c1.out_channels, c2.out_channels
-        ncls = data.num_classes
-        shapes = [
-            (b_ * l1, k1, ch1),
-            (b_ * l2, k2 * ch1, ch2),
-            (b_, l2 * ch2, ncls),  # forward
-            (ncls, b_, l2 * ch2),
-            (b_, ncls, l2 * ch2),  # head: weight grad, input grad
-            (k2 * ch1, b_ * l2, ch2),
-            (b_ * l2, ch2, k2 * ch1),  # conv2: weight grad, input grad
-            (k1, b_ * l1, ch1),
-        ]  # conv1: weight grad
-        mats = [(torch.randn(k, m, q), torch.randn(k, q, r)) for m, q, r in shapes]
-        gemm_flops = sum(2 * k * m * q * r for m, q, r in shapes)
-        reps, t = 0, time.perf_counter()
-        while time.perf_counter() - t < 1.0:
-            for a_, b2 in mats:
-                torch.bmm(a_, b2)
-            reps += 1
-        gemm_time = (time.perf_counter() - t) / reps
+        for model, data in cases:
+            cids = [int(c) for c in data.train_clients[:cohort]]
+            rates = {}
+            for path in ("per-layer", "vmap", "loop"):
+                s = TrainSettings(
+                    model=MODEL_FACTORIES[model],
+                    model_kwargs={},
+                    local_epochs=w["epochs"],
+                    batch_size=w["batch"],
+                    lr=w["lr"],
+                    seed=0,
+                    vectorize=path,
+                )
+                trainer = ClientTrainer(data, s, device="cpu")
+                weights = initial_weights(s, data.input_shape, data.num_classes)
+                trainer.train(1, cids, weights, clip=w["clip"])  # warm-up (first-call costs)
+                times = []
+                for r in range(reps):
+                    t = time.perf_counter()
+                    _, metrics = trainer.train(2 + r, cids, weights, clip=w["clip"])
+                    times.append(time.perf_counter() - t)
+                assert {m["trainer"] for m in metrics} == {path}
+                sec = float(np.median(times))
+                rates[path] = len(cids) / sec
+                shape = "x".join(map(str, data.input_shape))
+                label = f"{data.dataset} {shape}"
+                print(f"{model:8s} {label:18s} {path:10s} {rates[path]:10.1f} {sec:9.4f}", flush=True)
+            for path in ("per-layer", "vmap"):
+                print(
+                    f"{'':8s} {'':18s} {path:10s} speed-up over the loop: {rates[path] / rates['loop']:.2f}x"
+                )
     finally:
         torch.set_num_threads(threads)
-    print("\nSmall CNN (cnn1d on MNIST-1D), 1 thread")
-    print(f"  matmul peak (torch.mm {n}x{n} fp32)          : {peak / 1e9:8.2f} GFLOP/s")
-    print(
-        f"  plain PyTorch loop, one client, batch {w['batch']} ({step_flops / 1e6:.2f} MFLOP/step): "
-        f"{loop_rate / 1e9:8.2f} GFLOP/s = {100 * loop_rate / peak:5.1f}% of peak  (reference)"
-    )
-    if kernel:
-        print(
-            f"  fedsim vectorized, {len(cids)} clients, fused C kernel   : {native_rate / 1e9:8.2f} GFLOP/s"
-            f" = {100 * native_rate / peak:5.1f}% of peak  {'PASS' if native_rate >= 0.4 * peak else 'MISS'}"
-            " (target 40%)"
-        )
-    else:
-        print(f"  fused C kernel unavailable ({native.unavailable_reason()}): MISS (target 40%)")
-    print(
-        f"  fedsim vectorized, {len(cids)} clients, PyTorch path    : {torch_rate / 1e9:8.2f} GFLOP/s"
-        f" = {100 * torch_rate / peak:5.1f}% of peak  (FEDSIM_NATIVE=0; stacked batched GEMMs, which also compute"
-        f" the {100 * (padded - real) / padded:.0f}% of batch slots that are padding)"
-    )
-    print("  (useful FLOPs only: the per-example FLOPs of the plain step times the real examples trained)")
-    print(
-        f"  for scale: the PyTorch path's batched GEMMs alone (100 clients x batch {w['batch']},"
-        f" {gemm_flops / 1e6:.0f} MFLOP) run at {gemm_flops / gemm_time / 1e9:.1f} GFLOP/s ="
-        f" {100 * gemm_flops / gemm_time / peak:.1f}% of peak"
-    )
 
 
-# ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="rounds per engine (default 30; quick: 6)")
     p.add_argument("--skip-flower", action="store_true", help="do not run Flower's Simulation Engine")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    p.add_argument("--skip-flops", action="store_true", help="skip the FLOP/s report")
+    p.add_argument("--skip-paths", action="store_true", help="skip the per-path report of the CNNs")
     p.add_argument(
         "--worker-niceness",
         type=int,
@@ -691,8 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  s/round, fedsim LocalEngine (1 thread) / torch.func floor: {local['s_round'] / func['s_round']:7.2f}x"
         " (same run_scenario loop, no Ray)"
     )
-    if not args.skip_flops:
-        flops_report(w, data)
+    if not args.skip_paths:
+        paths_report(w, cohort=w["per_round"], reps=3 if args.quick else 5)
     print(
         f"load average at the end: {os.getloadavg()[0]:.2f} (other processes on this machine skew all figures)"
     )

@@ -5,11 +5,14 @@ Run on a machine with a CUDA device (the CPU-only CI never runs it):
     python benchmarks/gpu.py                       # builds the engine benchmark's MNIST-1D population
     python benchmarks/gpu.py --data population.pkl # a pickled FederatedData (no flwr-datasets needed)
 
-Figures: seconds per round of ``ClientTrainer.train`` (train, clip and sum a cohort) for
+Figures: seconds per round of ``ClientTrainer.train`` (train, clip and sum a cohort), CPU (1 thread and all
+threads) vs CUDA, the per-client loop vs the vectorised path (``auto``: per-layer rules for these models), with
+100 and 1,000 clients per round, for
 
-* the engine benchmark's workload (MNIST-1D, 1,000 Dirichlet clients, MLP(100), batch 16, 1 epoch) with
-  100 and 1,000 clients per round: CPU (1 thread and all threads) vs CUDA, loop vs vectorised;
-* cnn1d on the same data, vectorised, with its achieved training FLOP/s;
+* the engine benchmark's workload: MNIST-1D, 1,000 Dirichlet clients, MLP(100), batch 16, 1 epoch; and cnn1d
+  on the same data;
+* the Conv2d CNN (``cnn2d``, GroupNorm) on 1x8x8 digit images: 1,000 clients of 50 images each (the 1,797
+  digits shifted by up to one pixel, so that every client has a batch's worth);
 * a ``RayEngine`` of 2 and 4 actors each holding a fraction of the one GPU.
 """
 
@@ -70,66 +73,59 @@ def main(argv: list[str] | None = None) -> int:
             seed=0,
         )
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
-    print(f"population: {data.num_clients} clients, input_dim {data.input_dim}")
+    print(f"population: {data.num_clients} clients, input shape {data.input_shape}")
     rng = np.random.default_rng(0)
     ids = np.arange(data.num_clients)
     cohort100 = ids[rng.random(ids.size) < 100 / ids.size]
     threads = torch.get_num_threads()
 
     def settings(model: str, vectorize: bool) -> TrainSettings:
+        from fedsim.models import MODEL_FACTORIES
+
         mk = {"hidden": [100]} if model == "mlp" else {}
         return TrainSettings(
-            model=model, model_kwargs=mk, local_epochs=1, batch_size=16, lr=0.1, seed=0, vectorize=vectorize
+            model=MODEL_FACTORIES[model],
+            model_kwargs=mk,
+            local_epochs=1,
+            batch_size=16,
+            lr=0.1,
+            seed=0,
+            vectorize="auto" if vectorize else "loop",
         )
 
+    from fedsim.data import build_federated_data
+
+    images = build_federated_data(
+        shifted_digits,
+        num_clients=1000,
+        heldout_fraction=0.0,
+        seed=0,
+        options={"per_client": 50},
+    )
     print(
         f"\n{'model':6s} {'cohort':>6s} {'path':10s} {'CPU 1 thr':>10s} {'CPU all':>10s} {'CUDA':>10s}"
         f" {'CPU1/CUDA':>9s}   (seconds per round: train + clip + sum)"
     )
-    for model in ("mlp", "cnn1d"):
-        for cohort in (cohort100, ids):
+    for model, population in (("mlp", data), ("cnn1d", data), ("cnn2d", images)):
+        pids = np.arange(population.num_clients)
+        for cohort in (pids[rng.random(pids.size) < 100 / pids.size], pids):
             for vec in (False, True):
                 if not vec and cohort.size > 200:
                     continue  # the per-client loop over 1,000 clients on CUDA is launch-bound: not informative
                 s = settings(model, vec)
-                w = initial_weights(s, data.input_dim, data.num_classes)
-                row = {}
+                w = initial_weights(s, population.input_shape, population.num_classes)
+                row, path = {}, ""
                 for dev, nthreads in (("cpu", 1), ("cpu", threads), ("cuda", threads)):
                     torch.set_num_threads(nthreads)
-                    tr = ClientTrainer(data, s, device=dev)
+                    tr = ClientTrainer(population, s, device=dev)
+                    path = tr.path.name
                     row[(dev, nthreads)] = timed(lambda: tr.train(1, cohort, w, 1.0), args.reps)
                 torch.set_num_threads(threads)
                 c1, ca, g = row[("cpu", 1)], row[("cpu", threads)], row[("cuda", threads)]
                 print(
-                    f"{model:6s} {cohort.size:6d} {'vectorized' if vec else 'loop':10s} {c1:10.4f} {ca:10.4f}"
-                    f" {g:10.4f} {c1 / g:8.1f}x",
+                    f"{model:6s} {cohort.size:6d} {path:10s} {c1:10.4f} {ca:10.4f} {g:10.4f} {c1 / g:8.1f}x",
                     flush=True,
                 )
-
-    # achieved FLOP/s of cnn1d, vectorised on CUDA, 1,000 clients (useful FLOPs: a plain step's per-example FLOPs)
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from fedsim.models import build_model
-
-    m = build_model("cnn1d", data.input_dim, data.num_classes)
-    xb, yb = torch.randn(16, data.input_dim), torch.randint(0, data.num_classes, (16,))
-    with FlopCounterMode(display=False) as fc:
-        torch.nn.functional.cross_entropy(m(xb), yb).backward()
-    per_example = fc.get_total_flops() / 16
-    s = settings("cnn1d", True)
-    w = initial_weights(s, data.input_dim, data.num_classes)
-    tr = ClientTrainer(data, s, device="cuda")
-    t = timed(lambda: tr.train(1, ids, w, 1.0), args.reps)
-    examples = int(data.num_examples_array(ids).sum())
-    a, b = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
-    tf = timed(lambda: torch.mm(a, b), 10)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    peak = 2 * 8192**3 / tf
-    print(
-        f"\ncnn1d vectorised on CUDA, {ids.size} clients, {examples} examples: {t:.4f} s/round,"
-        f" {per_example * examples / t / 1e9:.1f} GFLOP/s useful; fp32 matmul peak here {peak / 1e12:.1f} TFLOP/s"
-        " (tiny per-client GEMMs: launch- and bandwidth-bound, far from peak)"
-    )
 
     if not args.skip_ray:
         import ray
@@ -141,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             cohort = ids
 
         s = settings("mlp", True)
-        w = initial_weights(s, data.input_dim, data.num_classes)
+        w = initial_weights(s, data.input_shape, data.num_classes)
         print("\nRayEngine, mlp, all clients per round, vectorised:")
         for workers, gpus in ((1, 1.0), (2, 0.5), (4, 0.25), (4, 0.0)):
             eng = RayEngine(data, s, num_workers=workers, num_cpus=1.0, num_gpus=gpus)
@@ -160,6 +156,22 @@ def main(argv: list[str] | None = None) -> int:
             if ray.is_initialized():
                 ray.shutdown()
     return 0
+
+
+def shifted_digits(num_clients: int, seed: int, per_client: int = 50) -> dict:
+    """A data function (fedsim.data.user): ``per_client`` 1x8x8 digit images per client, drawn from the 1,797
+    scikit-learn digits and shifted by up to one pixel each way."""
+    from fedsim.data.base import load_digits_arrays
+
+    base = load_digits_arrays()
+    rng = np.random.default_rng(seed)
+    n = num_clients * per_client
+    pick = rng.integers(0, len(base), size=n)
+    padded = np.pad(base.x[pick], ((0, 0), (0, 0), (1, 1), (1, 1)))
+    dy, dx = rng.integers(0, 3, size=n), rng.integers(0, 3, size=n)
+    x = np.stack([padded[i, :, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8] for i in range(n)])
+    clients = [np.arange(c * per_client, (c + 1) * per_client) for c in range(num_clients)]
+    return {"x": x, "y": base.y[pick], "clients": clients, "num_classes": 10}
 
 
 if __name__ == "__main__":

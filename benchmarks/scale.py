@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from fedsim.data import build_federated_data
+    from fedsim.models import MODEL_FACTORIES
     from fedsim.strategies import DPFedAvg
     from fedsim.training.trainer import TrainSettings, initial_weights
 
@@ -129,13 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         train_ids = np.asarray(data.train_clients)
         settings = TrainSettings(
-            model=args.model,
+            model=MODEL_FACTORIES[args.model],
             model_kwargs={"hidden": [32]} if args.model == "mlp" else {},
             local_epochs=1,
             batch_size=16,
             lr=0.05,
             seed=0,
-            vectorize=args.vectorize,
+            vectorize="auto" if args.vectorize else "loop",
         )
         strategy = DPFedAvg(
             sampling="poisson",
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=0,
             population=int(train_ids.size),
         )
-        weights = initial_weights(settings, data.input_dim, data.num_classes)
+        weights = initial_weights(settings, data.input_shape, data.num_classes)
         t_data = time.perf_counter() - t0
         if args.engine == "ray":
             from fedsim.engine.ray_engine import RayEngine

@@ -47,6 +47,8 @@ def build_data(scenario: Scenario) -> Any:
         if d.dataset != "synthetic":
             options["domain_shift"] = d.domain_shift
             options["domain_noise"] = d.domain_noise
+    if d.options is not None:
+        options["options"] = d.options
     if d.dataset == "mnist1d" and d.num_samples is not None:
         options["num_samples"] = d.num_samples
     if d.dataset == "synthetic":
@@ -128,5 +130,5 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     settings = TrainSettings.from_scenario(scenario)
     strategy = build_strategy(scenario, None, data)
     return Experiment(
-        scenario, data, settings, strategy, initial_weights(settings, data.input_dim, data.num_classes)
+        scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)
     )

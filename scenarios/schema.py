@@ -4,30 +4,33 @@ A scenario is a TOML file whose top-level keys and tables mirror :class:`Scenari
 rejected (a typo must never silently fall back to a default, least of all a privacy parameter).
 
 The choices are those of the registries that implement them (datasets, partitioners, models, samplers, noise
-placements, the certified accountants, server optimizers), and the rules for a round's parameters are
+placements, the certified accountants, server optimizers, training paths), and the rules for a round's parameters are
 :mod:`fedsim.validation`'s, the same the library API applies.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
+from fedsim import factories
 from fedsim.data import DATASETS, PARTITIONERS
-from fedsim.models import MODELS
+from fedsim.models import MODEL_FACTORIES, MODELS
 from fedsim.privacy.accountants import CERTIFIED
 from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLINGS
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
+from fedsim.training.vectorized import VECTORIZE
 from fedsim.validation import cohort
 
-Dataset = Literal[DATASETS]  # type: ignore[valid-type]
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
 Sampling = Literal[SAMPLINGS]  # type: ignore[valid-type]
 NoisePlacement = Literal[NOISE_PLACEMENTS]  # type: ignore[valid-type]
 CertifiedAccountant = Literal[tuple(sorted(CERTIFIED))]  # type: ignore[valid-type]
 Randomness = Literal[RANDOMNESS]  # type: ignore[valid-type]
+Vectorize = Literal[VECTORIZE]  # type: ignore[valid-type]
 ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
 #: fedsim.engine.runner.ENGINES (a test keeps the two equal: the engines sit above this package)
 EngineName = Literal["ray", "flower", "local"]
@@ -37,8 +40,26 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _serialize_callable(value: Any, what: str) -> Any:
+    """A callable given through the Python API, written as the reference that imports it back."""
+    if value is None or isinstance(value, str):
+        return value
+    ref = factories.reference_of(value)
+    if ref is None:
+        raise ValueError(
+            f"{what}={value!r} cannot be written to a scenario file: define it at module level in an importable "
+            "module (it is then written as 'package.module:function')"
+        )
+    return ref
+
+
 class DataConfig(_Section):
-    dataset: Dataset = "digits"
+    dataset: str | Callable[..., Any] = Field(
+        "digits",
+        description=f"one of {', '.join(DATASETS)}; 'hf:<repo id>' (flwr-datasets, needs the Hub or its cache); "
+        "or a data function 'package.module:function' (see fedsim.data.user)",
+    )
+    options: dict[str, Any] | None = Field(None, description="data function: its keyword arguments")
     num_clients: int = Field(100, ge=2, description="clients in the population, held-out ones included")
     partitioner: Partitioner = "dirichlet"
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
@@ -68,10 +89,80 @@ class DataConfig(_Section):
     synthetic_min_samples: int | None = Field(None, ge=1, description="synthetic: fewest examples per client")
     synthetic_max_samples: int | None = Field(None, ge=1, description="synthetic: most examples per client")
 
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: Any) -> Any:
+        if callable(value) or value in DATASETS or factories.is_reference(value):
+            return value
+        if isinstance(value, str) and value.startswith("hf:") and len(value) > 3:
+            return value
+        raise ValueError(
+            f"allowed one of {', '.join(map(repr, DATASETS))}, 'hf:<repo id>' or a data function "
+            "'package.module:function'"
+        )
 
-class ModelConfig(_Section):
-    name: ModelName = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [100])
+    @model_validator(mode="after")
+    def _options_for_functions(self) -> DataConfig:
+        if self.options is not None and not (callable(self.dataset) or factories.is_reference(self.dataset)):
+            raise ValueError(
+                "data.options are the keyword arguments of a data function; this dataset takes none"
+            )
+        return self
+
+    @field_serializer("dataset")
+    def _dataset_out(self, value: Any) -> Any:
+        return _serialize_callable(value, "data.dataset")
+
+
+class ModelConfig(BaseModel):
+    """The model: a shipped one by ``name`` or any factory ``f(input_shape, num_classes, **options)`` by
+    ``factory``; every other key of the section is one of the factory's options (``hidden = [32]``)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    name: ModelName | None = Field(None, description=f"a shipped model: {', '.join(MODELS)} (default mlp)")
+    factory: str | Callable[..., Any] | None = Field(
+        None, description="'package.module:function' returning an nn.Module (instead of name)"
+    )
+    loss: str | Callable[..., Any] = Field(
+        "cross_entropy",
+        description="'cross_entropy' or 'package.module:function' giving one loss per example",
+    )
+
+    def reference(self) -> Any:
+        """The factory: the user's reference or callable, or the shipped model's reference."""
+        return self.factory if self.factory is not None else MODEL_FACTORIES[self.name or "mlp"]
+
+    def options(self) -> dict[str, Any]:
+        """The factory's options: the section's other keys."""
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.name is not None and self.factory is not None:
+            raise ValueError("give model.name (a shipped model) or model.factory, not both")
+        if isinstance(self.factory, str) and not factories.is_reference(self.factory):
+            raise ValueError(f"model.factory={self.factory!r}: allowed 'package.module:function'")
+        # import what is named now, so that a typo fails at load time rather than on a worker
+        fn = factories.resolve(self.reference(), "model.factory")
+        accepted, any_key = factories.factory_options(fn)
+        for key in self.options():
+            if not any_key and key not in accepted:
+                raise ValueError(
+                    f"unknown key model.{key}: the factory {factories.describe(self.reference())!r} takes "
+                    + (", ".join(accepted) if accepted else "no options")
+                    + " (besides name, factory and loss)"
+                )
+        factories.resolve_loss(self.loss)
+        return self
+
+    @field_serializer("factory")
+    def _factory_out(self, value: Any) -> Any:
+        return _serialize_callable(value, "model.factory")
+
+    @field_serializer("loss")
+    def _loss_out(self, value: Any) -> Any:
+        return _serialize_callable(value, "model.loss")
 
 
 class ClientConfig(_Section):
@@ -135,8 +226,10 @@ class EngineConfig(_Section):
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     ray_address: str | None = Field(None, description="connect to an existing Ray cluster (e.g. 'auto')")
-    vectorize: bool = Field(
-        False, description="train a worker's clients together with torch.func (small models)"
+    vectorize: Vectorize | bool = Field(
+        "auto",
+        description="how a worker trains its clients: 'auto' (per-layer rules, else torch.func.vmap, else the "
+        "loop), or one of 'per-layer', 'vmap', 'loop'; true means 'auto', false 'loop'",
     )
     eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
 

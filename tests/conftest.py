@@ -1,5 +1,9 @@
 """Test-wide environment: no network, no telemetry, Flower and Ray state in a temporary folder, and a fresh
-cache for fedsim's compiled kernels (so that every test run builds them from source)."""
+cache for fedsim's generated data (so that every test run generates it from its arguments).
+
+This folder is on ``sys.path`` (pytest puts a rootdir conftest's folder there), so ``user_models.py`` beside
+this file is importable as ``user_models``, the way a user's own module would be.
+"""
 
 import atexit
 import os
@@ -10,6 +14,6 @@ from fedsim.env import set_offline_defaults
 
 set_offline_defaults(private_state=True, prefix="fedsim-test-")
 if "FEDSIM_CACHE_DIR" not in os.environ:
-    _kernels = tempfile.mkdtemp(prefix="fedsim-test-kernels-")
-    os.environ["FEDSIM_CACHE_DIR"] = _kernels
-    atexit.register(shutil.rmtree, _kernels, ignore_errors=True)
+    _cache = tempfile.mkdtemp(prefix="fedsim-test-cache-")
+    os.environ["FEDSIM_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)

@@ -27,7 +27,8 @@ MNIST1D_DATA_SEED = 42  # the generator seed of mnist1d's default arguments (the
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """A labelled dataset in memory: ``x`` float32 [n, d], ``y`` int64 [n]."""
+    """A labelled dataset in memory: ``x`` float32 ``[n, *input_shape]`` (``[n, d]`` for features,
+    ``[n, C, H, W]`` for images), ``y`` int64 [n]."""
 
     name: str
     x: np.ndarray
@@ -35,8 +36,12 @@ class ArrayDataset:
     num_classes: int
 
     @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.x.shape[1:])
+
+    @property
     def input_dim(self) -> int:
-        return int(self.x.shape[1])
+        return int(np.prod(self.input_shape))
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -44,13 +49,14 @@ class ArrayDataset:
 
 @functools.lru_cache(maxsize=2)
 def load_digits_arrays() -> ArrayDataset:
-    """scikit-learn's 8x8 digits (ships inside the wheel): 1797 x 64 float32 in [0, 1], 10 classes."""
+    """scikit-learn's 8x8 digits (ships inside the wheel) as 1x8x8 images: 1797 x 1 x 8 x 8 float32 in [0, 1],
+    10 classes. Models that take flat features flatten them (the shipped ``mlp`` and ``cnn1d`` do)."""
     from sklearn.datasets import (
         load_digits,  # an optional, heavy dependency: loaded for the dataset that needs it
     )
 
     bunch = load_digits()
-    x = np.ascontiguousarray(bunch.data, dtype=np.float32) / np.float32(16.0)
+    x = np.ascontiguousarray(bunch.data, dtype=np.float32).reshape(-1, 1, 8, 8) / np.float32(16.0)
     y = np.ascontiguousarray(bunch.target, dtype=np.int64)
     x.setflags(write=False)
     y.setflags(write=False)
@@ -106,8 +112,8 @@ def load_hub_arrays(
 ) -> ArrayDataset:
     """A Hugging Face dataset (``repo`` id, or a local folder of data files) as in-memory arrays.
 
-    Images are flattened and scaled to [0, 1] (uint8 / 255); other numeric features are cast to
-    float32. Without a network, or with ``HF_HUB_OFFLINE=1``, a dataset missing from the local cache
+    Images keep their shape as ``[n, C, H, W]`` (a grey-scale ``[n, H, W]`` gets one channel) and are scaled
+    to [0, 1] (uint8 / 255); other numeric features are cast to float32. Without a network, or with ``HF_HUB_OFFLINE=1``, a dataset missing from the local cache
     raises a ``ValueError`` that says so.
     """
     import datasets  # an optional, heavy dependency: loaded for the dataset that needs it
@@ -139,7 +145,10 @@ def load_hub_arrays(
         if feature not in columns:
             raise ValueError(f"invalid hub_feature={feature_column!r}: allowed one of the columns {columns}")
         raw = np.stack([np.asarray(v) for v in table[feature]])
-        x = raw.reshape(raw.shape[0], -1)
+        if isinstance(ds.features.get(feature), datasets.Image) and raw.ndim in (3, 4):
+            x = raw[:, None] if raw.ndim == 3 else raw.transpose(0, 3, 1, 2)  # channels first, as torch's
+        else:
+            x = raw.reshape(raw.shape[0], -1)
     else:  # tabular: every other numeric column is a feature
         cols = [c for c in columns if c != label and np.issubdtype(np.asarray(table[c]).dtype, np.number)]
         if not cols:

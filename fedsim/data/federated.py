@@ -37,9 +37,13 @@ from fedsim.data.base import (
     make_mnist1d_arrays,
 )
 from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, cached_partition_rows
+from fedsim.data.user import arrays_from_result, call_data_function
+from fedsim.factories import describe, is_reference
 
 DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic")
-"""The offline datasets. ``"hf:<repo id>"`` also loads a Hugging Face dataset (online or cached)."""
+"""The offline datasets. ``"hf:<repo id>"`` also loads a Hugging Face dataset (online or cached), and
+``"package.module:function"`` (or a callable) a user's dataset (:mod:`fedsim.data.user`)."""
+USER = "package.module:function"
 
 _TAG_HELDOUT = 0x4E1D
 _TAG_SHIFT = 0x5411
@@ -62,6 +66,7 @@ DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
         "domain_label_swaps",
     ),
     HUB_PREFIX: ("hub_split", "hub_feature", "hub_label", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
+    USER: ("options", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
 }
 """Extra keyword options each dataset accepts (an option passed as ``None`` counts as not given)."""
 
@@ -77,7 +82,7 @@ class FederatedData(ABC):
     num_clients: int
     seed: int
     heldout_fraction: float
-    input_dim: int
+    input_shape: tuple[int, ...]
     num_classes: int
 
     def __init__(
@@ -89,7 +94,7 @@ class FederatedData(ABC):
         heldout_fraction: float,
         domain_sizes: tuple[int, ...],
         domains_requested: bool,
-        input_dim: int,
+        input_shape: tuple[int, ...],
         num_classes: int,
     ) -> None:
         self.dataset = dataset
@@ -98,15 +103,20 @@ class FederatedData(ABC):
         self.heldout_fraction = heldout_fraction
         self.domain_sizes = domain_sizes
         self.domains_requested = domains_requested
-        self.input_dim = input_dim
+        self.input_shape = tuple(int(v) for v in input_shape)
         self.num_classes = num_classes
         self._domain_starts = np.concatenate([[0], np.cumsum(domain_sizes)]).astype(np.int64)
         self.heldout_per_domain = _allocate_heldout(heldout_fraction, domain_sizes)
 
+    @property
+    def input_dim(self) -> int:
+        """Features per example: the product of ``input_shape``."""
+        return int(np.prod(self.input_shape))
+
     # ---- abstract
     @abstractmethod
     def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``cid``'s examples: ``x`` float32 [n, input_dim], ``y`` int64 [n] (fresh arrays)."""
+        """Client ``cid``'s examples: ``x`` float32 ``[n, *input_shape]``, ``y`` int64 [n] (fresh arrays)."""
 
     @abstractmethod
     def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -195,6 +205,7 @@ class FederatedData(ABC):
             "num_heldout_clients": self.num_heldout_clients,
             "heldout_fraction": self.heldout_fraction,
             "seed": self.seed,
+            "input_shape": list(self.input_shape),
             "input_dim": self.input_dim,
             "num_classes": self.num_classes,
             "num_domains": self.num_domains,
@@ -242,7 +253,7 @@ class ArrayFederatedData(FederatedData):
             heldout_fraction=heldout_fraction,
             domain_sizes=domain_sizes,
             domains_requested=domains_requested,
-            input_dim=base.input_dim,
+            input_shape=base.input_shape,
             num_classes=base.num_classes,
         )
         self.x = base.x
@@ -255,14 +266,17 @@ class ArrayFederatedData(FederatedData):
         self.domain_shift = domain_shift
         self.domain_noise = domain_noise
         # Domain d's features: x + shift[d] (+ per-example noise of std noise_std[d] * feature std).
-        k = self.num_domains
-        std = base.x.std(axis=0).astype(np.float64)
-        self._shift = np.zeros((k, base.input_dim), dtype=np.float32)
+        # (Per feature, whatever the example's shape: images are shifted pixel by pixel.)
+        k, shape = self.num_domains, base.input_shape
+        std = base.x.std(axis=0).astype(np.float64)  # [*input_shape]
+        self._shift = np.zeros((k, *shape), dtype=np.float32)
         for d in range(1, k):
-            z = np.random.default_rng([seed, _TAG_SHIFT, d]).standard_normal(base.input_dim)
+            z = np.random.default_rng([seed, _TAG_SHIFT, d]).standard_normal(base.input_dim).reshape(shape)
             self._shift[d] = (domain_shift * std * z).astype(np.float32)
         levels = np.arange(k) / (k - 1) if k > 1 else np.zeros(1)
-        self._noise_std = (domain_noise * levels[:, None] * std[None, :]).astype(np.float32)
+        self._noise_std = (domain_noise * levels.reshape(k, *([1] * len(shape))) * std[None]).astype(
+            np.float32
+        )
         self.domain_label_swaps = int(domain_label_swaps)
         self._label_maps = label_maps(seed, k, self.num_classes, self.domain_label_swaps)
 
@@ -347,7 +361,7 @@ class SyntheticFederatedData(FederatedData):
             heldout_fraction=heldout_fraction,
             domain_sizes=domain_sizes,
             domains_requested=domains_requested,
-            input_dim=dim,
+            input_shape=(dim,),
             num_classes=num_classes,
         )
         self.alpha = alpha
@@ -423,8 +437,10 @@ def build_federated_data(
 
     Parameters
     ----------
-    dataset : one of ``DATASETS``, or ``"hf:<repo id>"`` for a Hugging Face dataset (needs the Hub or
-        its local cache; offline it raises a ValueError that says so).
+    dataset : one of ``DATASETS``, ``"hf:<repo id>"`` for a Hugging Face dataset (needs the Hub or
+        its local cache; offline it raises a ValueError that says so), or a user's data function as
+        ``"package.module:function"`` or a callable (:mod:`fedsim.data.user`; its keyword arguments in
+        the ``options`` mapping).
     num_clients : total number of clients, held-out ones included.
     partitioner : one of ``PARTITIONERS`` (ignored by ``synthetic``, which is naturally partitioned).
     alpha : Dirichlet concentration (``partitioner="dirichlet"`` only).
@@ -445,9 +461,10 @@ def build_federated_data(
         ``synthetic_max_samples`` (1000).
     """
     hub = isinstance(dataset, str) and dataset.startswith(HUB_PREFIX) and len(dataset) > len(HUB_PREFIX)
-    if not hub:
-        check_choice("dataset", dataset, (*DATASETS, f"{HUB_PREFIX}<repo id>"))
-    kind = HUB_PREFIX if hub else dataset
+    user = (callable(dataset) and not isinstance(dataset, str)) or (not hub and is_reference(dataset))
+    if not (hub or user):
+        check_choice("dataset", dataset, (*DATASETS, f"{HUB_PREFIX}<repo id>", USER))
+    kind = HUB_PREFIX if hub else USER if user else dataset
     options = {k: v for k, v in dataset_options.items() if v is not None}
     for name, value in options.items():
         if name not in DATASET_OPTIONS[kind]:
@@ -459,6 +476,22 @@ def build_federated_data(
     sizes, requested = _domain_sizes(num_clients, domains)
     if dataset != "synthetic":
         check_choice("partitioner", partitioner, PARTITIONERS)
+
+    given_rows = None
+    if user:
+        fn_options = options.get("options", {})
+        if not isinstance(fn_options, dict):
+            raise invalid("options", fn_options, "a table of keyword arguments for the data function")
+        result = call_data_function(dataset, num_clients, seed, fn_options)
+        if isinstance(result, FederatedData):
+            if result.num_clients != num_clients:
+                raise invalid(
+                    "num_clients",
+                    num_clients,
+                    f"{result.num_clients}: the FederatedData {describe(dataset)!r} returned",
+                )
+            return result
+        base, given_rows = arrays_from_result(result, describe(dataset), num_clients)
 
     if dataset == "synthetic":
         lo = check_int("synthetic_min_samples", options.get("synthetic_min_samples", 50), minimum=1)
@@ -482,7 +515,9 @@ def build_federated_data(
         )
 
     dataset_settings: dict[str, Any] = {}
-    if hub:
+    if user:
+        dataset_settings = {"data_function": describe(dataset), "num_examples_given": len(base)}
+    elif hub:
         split = options.get("hub_split", "train")
         repo = dataset[len(HUB_PREFIX) :]
         base = load_hub_arrays(repo, split, options.get("hub_feature"), options.get("hub_label"))
@@ -497,9 +532,12 @@ def build_federated_data(
     noise = check_float("domain_noise", options.get("domain_noise", DEFAULT_DOMAIN_NOISE), low=0.0)
     swaps = check_int("domain_label_swaps", options.get("domain_label_swaps", 0), minimum=0)
     part_opts = {k: v for k, v in options.items() if k in _PARTITION_OPTION_NAMES}
-    rows, settings = cached_partition_rows(
-        base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts
-    )
+    if given_rows is not None:  # the user's own clients
+        rows, settings = given_rows, {"partitioner": "given by the data function"}
+    else:
+        rows, settings = cached_partition_rows(
+            base.y, num_clients, partitioner, seed=seed, alpha=alpha, **part_opts
+        )
     return ArrayFederatedData(
         base,
         rows,

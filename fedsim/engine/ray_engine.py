@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -141,7 +142,16 @@ class RayEngine:
                 ray.init(address=address, **kwargs)
             else:
                 need = max(1, int(np.ceil(num_workers * num_cpus)))
-                ray.init(num_cpus=need, num_gpus=None if num_gpus else 0, **kwargs)
+                # workers import the user's model factory, loss and data function by reference: give them
+                # the driver's import path, as Flower's Ray backend does (a cluster's nodes need the code
+                # installed, or a runtime_env, see the README)
+                pythonpath = os.pathsep.join(p for p in sys.path if p)
+                ray.init(
+                    num_cpus=need,
+                    num_gpus=None if num_gpus else 0,
+                    runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                    **kwargs,
+                )
             self._owns_ray = True
         total_gpus = ray.cluster_resources().get("GPU", 0.0)
         if num_gpus > 0 and total_gpus < num_gpus:
@@ -155,7 +165,7 @@ class RayEngine:
         actor = ray.remote(_Worker).options(num_cpus=num_cpus, num_gpus=num_gpus)
         self.workers = [actor.remote(data_ref, settings, int(max(1, num_cpus))) for _ in range(num_workers)]
         self.infos = ray.get([w.info.remote() for w in self.workers])
-        self.dim = int(initial_weights(settings, data.input_dim, data.num_classes).size)
+        self.dim = int(initial_weights(settings, data.input_shape, data.num_classes).size)
 
     def _shares(self, client_ids: np.ndarray) -> list[list[int]]:
         sizes = np.array([self.data.num_examples(int(c)) for c in client_ids])

@@ -1,14 +1,23 @@
-"""Small torch models with a registry.
+"""The shipped model factories (``mlp``, ``logreg``, ``cnn1d``, ``cnn2d``).
 
 >>> from fedsim.models import build_model
->>> model = build_model("mlp", input_dim=64, num_classes=10, hidden=(100,))
+>>> model = build_model("cnn2d", input_shape=(1, 8, 8), num_classes=10)
 
-Every model maps float inputs ``[n, input_dim]`` to logits ``[n, num_classes]``, holds no buffers
-(no BatchNorm running statistics, no dropout), and so works under ``torch.func.functional_call`` and
-``torch.func.vmap`` over stacked parameters. Initialisation is PyTorch's default and therefore
-deterministic given ``torch.manual_seed``.
+Each is a factory ``f(input_shape, num_classes, **options) -> nn.Module``, the contract of a user's model
+(:mod:`fedsim.factories`). They hold no buffers and no BatchNorm, and are built from layer types that
+fedsim's per-layer vectorised training supports. Initialisation is PyTorch's default, so deterministic given
+``torch.manual_seed``.
 """
 
-from fedsim.models.registry import CNN1D, MLP, MODELS, LogReg, build_model, num_parameters
+from fedsim.models.registry import (
+    MODEL_FACTORIES,
+    MODELS,
+    build_model,
+    cnn1d,
+    cnn2d,
+    logreg,
+    mlp,
+    num_parameters,
+)
 
-__all__ = ["CNN1D", "MLP", "MODELS", "LogReg", "build_model", "num_parameters"]
+__all__ = ["MODELS", "MODEL_FACTORIES", "build_model", "cnn1d", "cnn2d", "logreg", "mlp", "num_parameters"]

@@ -1,122 +1,23 @@
-"""The model registry: ``build_model(name, input_dim, num_classes, **kwargs)``."""
+"""The shipped model factories. They follow the contract a user's factory follows
+(:mod:`fedsim.factories`): ``factory(input_shape, num_classes, **options) -> nn.Module``.
+
+A scenario names them by short name (``[model] name = "mlp"``) or, like any factory, by reference
+(``factory = "fedsim.models.registry:mlp"``). The training code never imports this module: it receives the
+reference and imports it, exactly as it does a user's.
+"""
 
 from __future__ import annotations
 
-import inspect
+import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
-MODELS: tuple[str, ...] = ("mlp", "logreg", "cnn1d")
+from fedsim.factories import build_model as _build
 
-
-class LogReg(nn.Module):
-    """Multinomial logistic regression: one linear layer."""
-
-    def __init__(self, input_dim: int, num_classes: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(input_dim, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.flatten(1))
-
-
-class MLP(nn.Module):
-    """Fully connected network with ReLU activations; ``hidden=(100,)`` by default."""
-
-    def __init__(self, input_dim: int, num_classes: int, hidden: Sequence[int] = (100,)) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        width = input_dim
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.flatten(1))
-
-
-class CNN1D(nn.Module):
-    """Small 1-D CNN: [n, d] -> [n, 1, d] -> two stride-2 conv+ReLU layers -> linear.
-
-    With ``input_dim=40`` (MNIST-1D) and the defaults (16 and 32 channels, kernel 5) it has
-    about 5.9k parameters.
-    """
-
-    def __init__(
-        self,
-        input_dim: int,
-        num_classes: int,
-        channels: Sequence[int] = (16, 32),
-        kernel_size: int = 5,
-    ) -> None:
-        super().__init__()
-        self.input_dim = int(input_dim)
-        if len(channels) != 2:
-            raise ValueError(f"invalid channels={tuple(channels)!r}: allowed two positive integers")
-        c1, c2 = channels
-        pad = kernel_size // 2
-        self.conv1 = nn.Conv1d(1, c1, kernel_size, stride=2, padding=pad)
-        self.conv2 = nn.Conv1d(c1, c2, kernel_size, stride=2, padding=pad)
-        length = input_dim
-        for _ in range(2):
-            length = (length + 2 * pad - kernel_size) // 2 + 1
-        if length < 1:
-            raise ValueError(
-                f"invalid input_dim={input_dim}: too short for cnn1d with kernel_size={kernel_size}"
-            )
-        self.head = nn.Linear(c2 * length, num_classes)
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.reshape(x.shape[0], 1, -1)
-        h = self.act(self.conv1(h))
-        h = self.act(self.conv2(h))
-        return self.head(h.flatten(1))
-
-
-_BUILDERS: dict[str, Callable[..., nn.Module]] = {"mlp": MLP, "logreg": LogReg, "cnn1d": CNN1D}
-
-
-def build_model(name: str, input_dim: int, num_classes: int, **kwargs: Any) -> nn.Module:
-    """Build model ``name`` (one of ``MODELS``) for ``input_dim`` features and ``num_classes`` classes.
-
-    kwargs: ``mlp``: ``hidden`` (sequence of widths, default ``(100,)``; ``()`` is logistic
-    regression); ``cnn1d``: ``channels`` (two widths, default ``(16, 32)``), ``kernel_size`` (5);
-    ``logreg``: none. Unknown names or options raise ``ValueError`` naming them.
-    """
-    if not isinstance(name, str) or name not in _BUILDERS:
-        raise ValueError(f"invalid model={name!r}: allowed one of {', '.join(map(repr, MODELS))}")
-    for option, value in (("input_dim", input_dim), ("num_classes", num_classes)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"invalid {option}={value!r}: allowed a positive integer")
-    builder = _BUILDERS[name]
-    accepted = [p for p in inspect.signature(builder).parameters if p not in ("input_dim", "num_classes")]
-    for option, value in kwargs.items():
-        if option not in accepted:
-            raise ValueError(
-                f"invalid {option}={value!r}: model {name!r} takes "
-                + (", ".join(accepted) if accepted else "no options")
-            )
-    if "hidden" in kwargs:
-        kwargs["hidden"] = _positive_ints("hidden", kwargs["hidden"], allow_empty=True)
-    if "channels" in kwargs:
-        kwargs["channels"] = _positive_ints("channels", kwargs["channels"], allow_empty=False)
-    if "kernel_size" in kwargs:
-        k = kwargs["kernel_size"]
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise ValueError(f"invalid kernel_size={k!r}: allowed a positive integer")
-    return builder(int(input_dim), int(num_classes), **kwargs)
-
-
-def num_parameters(model: nn.Module) -> int:
-    """Number of trainable scalars."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+__all__ = ["MODELS", "MODEL_FACTORIES", "build_model", "cnn1d", "cnn2d", "logreg", "mlp", "num_parameters"]
 
 
 def _positive_ints(option: str, value: Any, *, allow_empty: bool) -> tuple[int, ...]:
@@ -125,5 +26,128 @@ def _positive_ints(option: str, value: Any, *, allow_empty: bool) -> tuple[int, 
     ok = isinstance(value, Sequence) and not isinstance(value, str) and (allow_empty or len(value) > 0)
     ok = ok and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in value)
     if not ok:
-        raise ValueError(f"invalid {option}={value!r}: allowed a list of positive integers")
+        raise ValueError(f"invalid model.{option}={value!r}: allowed a list of positive integers")
     return tuple(int(v) for v in value)
+
+
+def _positive_int(option: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"invalid model.{option}={value!r}: allowed a positive integer")
+    return int(value)
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (100,)) -> nn.Module:
+    """Fully connected network on the flattened input, ReLU between layers; ``hidden=()`` is logistic
+    regression."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for h in _positive_ints("hidden", hidden, allow_empty=True):
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def logreg(input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """Multinomial logistic regression on the flattened input."""
+    return mlp(input_shape, num_classes, hidden=())
+
+
+def _conv_out(length: int, kernel: int, stride: int, pad: int) -> int:
+    return (length + 2 * pad - kernel) // stride + 1
+
+
+def cnn1d(
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int] = (16, 32),
+    kernel_size: int = 5,
+) -> nn.Module:
+    """Small 1-D CNN: the input as one channel (``[n, 1, prod(input_shape)]``), two stride-2 Conv1d+ReLU
+    layers, a linear head. With MNIST-1D (40 features) and the defaults it has about 5.9k parameters."""
+    c = _positive_ints("channels", channels, allow_empty=False)
+    if len(c) != 2:
+        raise ValueError(f"invalid model.channels={tuple(channels)!r}: allowed two positive integers")
+    k = _positive_int("kernel_size", kernel_size)
+    pad = k // 2
+    length = math.prod(input_shape)
+    for _ in range(2):
+        length = _conv_out(length, k, 2, pad)
+    if length < 1:
+        raise ValueError(
+            f"invalid input_shape={tuple(input_shape)}: too short for cnn1d with kernel_size={k}"
+        )
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Unflatten(1, (1, math.prod(input_shape))),
+        nn.Conv1d(1, c[0], k, stride=2, padding=pad),
+        nn.ReLU(),
+        nn.Conv1d(c[0], c[1], k, stride=2, padding=pad),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(c[1] * length, num_classes),
+    )
+
+
+def cnn2d(
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int] = (16, 32),
+    kernel_size: int = 3,
+    groups: int = 4,
+) -> nn.Module:
+    """Small Conv2d CNN for images ``(C, H, W)``: two blocks of Conv2d (same padding), GroupNorm, ReLU and
+    2x2 average pooling (the second pooling is skipped on images too small for it), then a linear head.
+    GroupNorm, not BatchNorm: it normalises each example on its own (BatchNorm is refused, see
+    :func:`fedsim.factories.check_private_trainable`). For the 1x8x8 digits: about 7.5k parameters."""
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"invalid input_shape={tuple(input_shape)}: cnn2d takes images (channels, height, width); "
+            "for flat features use mlp or cnn1d"
+        )
+    c = _positive_ints("channels", channels, allow_empty=False)
+    k = _positive_int("kernel_size", kernel_size)
+    g = _positive_int("groups", groups)
+    for width in c:
+        if width % g:
+            raise ValueError(f"invalid model.groups={g}: every channel count {c} must be a multiple of it")
+    cin, h, w = (int(v) for v in input_shape)
+    layers: list[nn.Module] = []
+    for width in c:
+        layers += [nn.Conv2d(cin, width, k, padding=k // 2), nn.GroupNorm(g, width), nn.ReLU()]
+        if h >= 2 and w >= 2:
+            layers.append(nn.AvgPool2d(2))
+            h, w = h // 2, w // 2
+        cin = width
+    layers += [nn.Flatten(), nn.Linear(cin * h * w, num_classes)]
+    return nn.Sequential(*layers)
+
+
+MODEL_FACTORIES: dict[str, str] = {
+    "mlp": "fedsim.models.registry:mlp",
+    "logreg": "fedsim.models.registry:logreg",
+    "cnn1d": "fedsim.models.registry:cnn1d",
+    "cnn2d": "fedsim.models.registry:cnn2d",
+}
+"""Short names a scenario may give as ``[model] name``, and the factory each one stands for."""
+
+MODELS: tuple[str, ...] = tuple(MODEL_FACTORIES)
+
+
+def build_model(name: Any, input_shape: Any, num_classes: int, **options: Any) -> nn.Module:
+    """Build a shipped model by short name (one of ``MODELS``), or any factory reference or callable.
+
+    >>> build_model("mlp", (64,), 10, hidden=[32])
+    """
+    if isinstance(name, str) and name in MODEL_FACTORIES:
+        name = MODEL_FACTORIES[name]
+    elif isinstance(name, str) and ":" not in name:
+        raise ValueError(
+            f"invalid model={name!r}: allowed one of {', '.join(map(repr, MODELS))} or 'package.module:function'"
+        )
+    return _build(name, input_shape, num_classes, options)
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -11,6 +11,7 @@ Client randomness (batch order: :mod:`fedsim.training.shuffle`; distributed nois
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,18 +20,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.models import build_model
+from fedsim.factories import build_model, per_example, resolve_loss
 from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
 
+from .layers import DropoutMasks, client_dropout, dropout_layers
 from .shuffle import client_orders
-from .vectorized import train_vectorized, train_vectorized_chunks
+from .vectorized import Path, choose_path, train_vectorized, train_vectorized_chunks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """What a worker needs to train a client (plain values: cheap to ship to workers)."""
+    """What a worker needs to train a client (plain values: cheap to ship to workers).
 
-    model: str
+    ``model``: the model factory, a ``"package.module:function"`` reference (resolved in the worker) or a
+    callable; ``model_kwargs``: its options; ``loss``: ``"cross_entropy"``, a reference or a callable
+    (:mod:`fedsim.factories`); ``vectorize``: ``auto``, ``per-layer``, ``vmap`` or ``loop``
+    (:func:`fedsim.training.vectorized.choose_path`; ``True``/``False`` mean ``auto``/``loop``).
+    """
+
+    model: Any
     model_kwargs: dict[str, Any]
     local_epochs: int = 1
     batch_size: int = 16
@@ -38,16 +48,14 @@ class TrainSettings:
     optimizer: str = "sgd"
     momentum: float = 0.9
     seed: int = 0
-    vectorize: bool = False
+    vectorize: Any = "auto"
+    loss: Any = "cross_entropy"
 
     @classmethod
     def from_scenario(cls, scenario: Any) -> TrainSettings:
-        kwargs: dict[str, Any] = {}
-        if scenario.model.name == "mlp":
-            kwargs["hidden"] = list(scenario.model.hidden)
         return cls(
-            model=scenario.model.name,
-            model_kwargs=kwargs,
+            model=scenario.model.reference(),
+            model_kwargs=scenario.model.options(),
             local_epochs=scenario.client.local_epochs,
             batch_size=scenario.client.batch_size,
             lr=scenario.client.lr,
@@ -55,13 +63,19 @@ class TrainSettings:
             momentum=scenario.client.momentum,
             seed=scenario.seed,
             vectorize=scenario.engine.vectorize,
+            loss=scenario.model.loss,
         )
 
 
-def initial_weights(settings: TrainSettings, input_dim: int, num_classes: int) -> np.ndarray:
-    """The global model's starting point (float64 flat vector), a function of the seed only."""
+def make_model(settings: TrainSettings, input_shape: Any, num_classes: int) -> nn.Module:
+    """The model the factory builds, initialised from the seed (PyTorch's default initialisation)."""
     torch.manual_seed(settings.seed)
-    model = build_model(settings.model, input_dim, num_classes, **settings.model_kwargs)
+    return build_model(settings.model, input_shape, num_classes, settings.model_kwargs)
+
+
+def initial_weights(settings: TrainSettings, input_shape: Any, num_classes: int) -> np.ndarray:
+    """The global model's starting point (float64 flat vector), a function of the seed only."""
+    model = make_model(settings, input_shape, num_classes)
     return nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy()
 
 
@@ -80,16 +94,25 @@ class ClientTrainer:
         self.data = data
         self.settings = settings
         self.device = pick_device(device)
-        torch.manual_seed(settings.seed)
-        self.model = build_model(
-            settings.model, data.input_dim, data.num_classes, **settings.model_kwargs
-        ).to(self.device)
+        self.input_shape = tuple(data.input_shape)
+        self.model = make_model(settings, self.input_shape, data.num_classes).to(self.device)
         self.params = [p for p in self.model.parameters()]
+        if len(self.params) != len(dict(self.model.named_parameters(remove_duplicate=False))):
+            raise ValueError(
+                "the model shares parameters between layers (tied weights): fedsim needs distinct ones"
+            )
         self.dim = sum(p.numel() for p in self.params)
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = (
             {} if data.num_clients <= cache_clients else None
         )
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss = resolve_loss(settings.loss)
+        self.has_dropout = bool(dropout_layers(self.model))
+        #: how cohorts are trained: per-layer, vmap or loop (the first that agrees with the model run alone)
+        self.path: Path = choose_path(
+            self.model, self.input_shape, data.num_classes, self.loss, self.device, settings.vectorize
+        )
+        for reason in self.path.fallbacks:
+            log.info("local training falls back from %s", reason)
 
     # ------------------------------------------------------------------ helpers
     def _tensors(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,18 +161,23 @@ class ClientTrainer:
         bufs = [torch.zeros_like(p) for p in self.params] if mom else None
         loss_sum, steps = 0.0, 0
         self.model.train()
-        for order in orders:
-            for start in range(0, n, s.batch_size):
-                idx = order[start : start + s.batch_size]
-                loss = self.loss_fn(self.model(x[idx]), y[idx])
-                grads = torch.autograd.grad(loss, self.params)
-                with torch.no_grad():
-                    for j, (p, g) in enumerate(zip(self.params, grads, strict=True)):
-                        if bufs is not None:
-                            g = bufs[j].mul_(mom).add_(g)
-                        p.add_(g, alpha=-lr)
-                loss_sum += float(loss.detach())
-                steps += 1
+        # the client's dropout masks come from its own generator, as on the vectorised paths
+        masks = (
+            DropoutMasks.for_clients(s.seed, server_round, [cid], self.device) if self.has_dropout else None
+        )
+        with client_dropout(self.model, masks):
+            for order in orders:
+                for start in range(0, n, s.batch_size):
+                    idx = order[start : start + s.batch_size]
+                    loss = per_example(self.loss, self.model(x[idx]), y[idx]).mean()
+                    grads = torch.autograd.grad(loss, self.params)
+                    with torch.no_grad():
+                        for j, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+                            if bufs is not None:
+                                g = bufs[j].mul_(mom).add_(g)
+                            p.add_(g, alpha=-lr)
+                    loss_sum += float(loss.detach())
+                    steps += 1
         update = self._flat() - global_w
         metrics = {
             "client": int(cid),
@@ -232,7 +260,8 @@ class ClientTrainer:
         count_share_std: float,
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
         metrics: list[dict[str, Any]] = []
-        if self.settings.vectorize and cids and noise_share_std == 0:
+        vectorized = self.path.step is not None and bool(cids)
+        if vectorized and noise_share_std == 0:
             # the whole chunk is clipped and summed on the device at once; only the sum leaves it
             for updates, chunk_metrics in train_vectorized_chunks(self, server_round, cids, global_w):
                 weights = (
@@ -245,7 +274,7 @@ class ClientTrainer:
             position = {c: i for i, c in enumerate(cids)}
             metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, as the loop gives
             return partial, metrics
-        if self.settings.vectorize and cids:
+        if vectorized:
             results = train_vectorized(self, server_round, cids, global_w)
         else:
             results = (self.train_one(c, server_round, global_w) for c in cids)
@@ -280,8 +309,8 @@ class ClientTrainer:
         if y.shape[0] == 0:
             return 0.0
         self.model.eval()
-        ce = nn.functional.cross_entropy(self.model(x), y, reduction="none")
-        return float(torch.clamp(ce, max=bound).mean() / bound)
+        losses = per_example(self.loss, self.model(x), y)
+        return float(torch.clamp(losses, min=0.0, max=bound).mean() / bound)
 
     @torch.no_grad()
     def evaluate(self, client_ids: list[int] | np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -294,8 +323,8 @@ class ClientTrainer:
             if y.shape[0] == 0:
                 rows[i] = (cid, 0, 0.0, 0.0)
                 continue
-            logits = self.model(x)
-            loss = nn.functional.cross_entropy(logits, y, reduction="sum")
-            correct = (logits.argmax(1) == y).sum()
+            outputs = self.model(x)
+            loss = per_example(self.loss, outputs, y).sum()
+            correct = (outputs.argmax(1) == y).sum()
             rows[i] = (cid, y.shape[0], float(loss), float(correct))
         return rows

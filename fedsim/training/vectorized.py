@@ -1,14 +1,19 @@
-"""Vectorised local training: many clients trained together, each with its own copy of the model.
+"""Vectorised local training: many clients trained together, each with its own copy of the user's model.
 
-:func:`train_vectorized` runs, for K clients at once, exactly the SGD of
-:meth:`fedsim.training.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch
-size and the same batch order (:func:`fedsim.training.shuffle.client_orders`, a function of
-``(seed, round, client id, epoch)``). The model's parameters are stacked along a leading client axis. For the
-registry's models one SGD step of every client is a few batched matrix products with the backward pass
-written out (:mod:`fedsim.training.stacked`); any other model falls back to ``vmap(grad(loss))`` over that axis
-(``torch.func.functional_call``). Both give each client exactly its own gradient. On the CPU, a CNN1D chunk
-is trained instead by a fused C kernel (:mod:`fedsim.training.native`, client by client with every step in
-cache) when it can be compiled; ``FEDSIM_NATIVE=0`` turns it off.
+:func:`train_vectorized_chunks` runs, for K clients at once, exactly the SGD of
+:meth:`fedsim.training.trainer.ClientTrainer.train_one`: same learning rate, momentum, local epochs, batch size,
+loss, the same batch order (:func:`fedsim.training.shuffle.client_orders`, a function of
+``(seed, round, client id, epoch)``) and the same dropout masks. The parameters are stacked along a leading
+client axis; one step of every client is one forward and one backward of
+
+* ``per-layer``: the user's own ``forward`` with each layer's per-type rule (:mod:`fedsim.training.layers`),
+  for models built from supported layer types; or
+* ``vmap``: ``torch.func.vmap(grad(functional_call(model)))`` over the client axis, for any other model vmap
+  can run.
+
+:func:`choose_path` picks the first of ``per-layer``, ``vmap``, ``loop`` (the per-client loop) that works for
+the model, after checking on two clients that the vectorised step gives each client exactly the gradient of
+the model run alone; each row names the path that trained.
 
 Ragged clients: each client ``k`` takes ``ceil(n_k / batch_size)`` steps per epoch. Clients are sorted by
 that number (most steps first), so at step ``s`` of an epoch the clients still training are a prefix of the
@@ -16,62 +21,77 @@ chunk: only that prefix is computed and updated (a client that has finished its 
 its momentum buffer is left alone). A client's last, partial batch is padded to ``batch_size`` and masked:
 its loss is the mean over its real examples only.
 
-Clients are processed in chunks (``chunk_size``, or sized from a memory budget) to bound memory.
+Clients are processed in chunks sized from a memory budget (parameters, optimiser state and the activations
+the probe measured) to bound memory.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from . import native
+from fedsim.factories import cross_entropy, per_example
+
+from .layers import (
+    DropoutMasks,
+    StackedModel,
+    Unsupported,
+    check_agreement,
+    dropout_layers,
+    masked_cross_entropy,
+)
 from .shuffle import client_orders
-from .stacked import dense_step, stacked_forward
+
+log = logging.getLogger(__name__)
+
+#: the ways a cohort can be trained, fastest first; ``engine.vectorize`` takes these or ``auto``
+PATHS: tuple[str, ...] = ("per-layer", "vmap", "loop")
+VECTORIZE: tuple[str, ...] = ("auto", *PATHS)
 
 #: bytes of per-client state (parameters, gradients, momentum, activations) one chunk may hold
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 MAX_CHUNK = 512
 
-
-def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:
-    dim = int(trainer.dim)
-    # parameters + momentum + gradient + an update copy, float32, plus a generous activation allowance
-    per_client = 4 * (4 * dim + 64 * batch_size * max(trainer.data.input_dim, 1))
-    return max(1, min(MAX_CHUNK, memory_budget // per_client))
+Step = Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
-def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """``step(params, x, y, mask, count) -> (grads, losses)`` for ``a`` clients (leading axis of every argument).
+@dataclass(frozen=True)
+class Path:
+    """How a trainer trains its cohorts: ``name`` (one of :data:`PATHS`), the vectorised ``step`` (``None``
+    for the loop), why faster paths were not taken, and the activation floats per example the probe saw."""
 
-    The loss of client k is ``sum(mask_k * cross_entropy) / count_k``. LogReg and MLPs use
-    :func:`fedsim.training.stacked.dense_step` (the backward pass written out). With a stacked forward
-    (:func:`fedsim.training.stacked.stacked_forward`) one autograd pass over the sum of the clients' losses
-    gives each client's gradient; otherwise ``vmap(grad(functional_call(model)))``.
-    """
-    manual = dense_step(model)
-    if manual is not None:
-        return manual
-    forward = stacked_forward(model)
-    if forward is None:
+    name: str
+    step: Step | None
+    fallbacks: tuple[str, ...] = ()
+    activations_per_example: int = 0
 
-        def loss_fn(
-            params: dict[str, torch.Tensor],
-            x: torch.Tensor,
-            y: torch.Tensor,
-            mask: torch.Tensor,
-            count: torch.Tensor,
-        ) -> torch.Tensor:
-            logits = functional_call(model, params, (x,))
-            losses = F.cross_entropy(logits, y, reduction="none")
-            return (losses * mask).sum() / count
 
-        return vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0))
+def check_vectorize(value: Any) -> str:
+    """``engine.vectorize`` as one of :data:`VECTORIZE` (``True`` is ``auto``, ``False`` is ``loop``)."""
+    if value is True:
+        return "auto"
+    if value is False:
+        return "loop"
+    if value not in VECTORIZE:
+        raise ValueError(
+            f"invalid engine.vectorize={value!r}: allowed one of {', '.join(map(repr, VECTORIZE))}"
+        )
+    return str(value)
+
+
+def _per_layer_step(stacked: StackedModel, loss: Callable[..., torch.Tensor]) -> Step:
+    """One autograd pass over the sum of the clients' losses: their parameters are independent, so each
+    client's parameters get exactly that client's gradient. The default loss (cross-entropy on ``[K, B, C]``
+    logits) has its backward written out."""
+    fused = loss is cross_entropy
 
     def step(
         params: dict[str, torch.Tensor],
@@ -79,16 +99,141 @@ def _make_step(model: torch.nn.Module) -> Callable[..., tuple[dict[str, torch.Te
         y: torch.Tensor,
         mask: torch.Tensor,
         count: torch.Tensor,
+        masks: DropoutMasks | None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
+        a, b = y.shape
         with torch.enable_grad():
-            logits = forward(leaves, x)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-            losses = (ce.view(mask.shape) * mask).sum(1) / count
+            out = stacked.forward(leaves, x, masks)
+            if fused and out.dim() == 3:
+                losses = masked_cross_entropy(out, y, mask, count)
+            else:
+                per = per_example(loss, out.reshape(a * b, *out.shape[2:]), y.reshape(a * b)).view(a, b)
+                losses = (per * mask).sum(1) / count
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
         return dict(zip(leaves, grads, strict=True)), losses.detach()
 
     return step
+
+
+def _vmap_step(model: nn.Module, loss: Callable[..., torch.Tensor]) -> Step:
+    """``vmap(grad(functional_call))`` over the client axis. Dropout draws from torch's generator here
+    (``randomness="different"``): each client its own masks, not the per-client generators' masks."""
+
+    def loss_fn(
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        count: torch.Tensor,
+    ) -> torch.Tensor:
+        out = functional_call(model, params, (x,))
+        return (per_example(loss, out, y) * mask).sum() / count
+
+    batched = vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0, 0), randomness="different")
+
+    def step(
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        count: torch.Tensor,
+        masks: DropoutMasks | None,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        return batched(params, x, y, mask, count)
+
+    return step
+
+
+def _probe(
+    step: Step,
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    loss: Callable[..., torch.Tensor],
+    device: torch.device,
+) -> None:
+    def batched(
+        params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, masks: Any
+    ) -> Any:
+        return step(
+            params, x, y, mask, torch.ones(y.shape[0], device=device), masks
+        )  # count 1: summed losses
+
+    check_agreement(batched, model, input_shape, num_classes, loss, device)
+
+
+def _activations_per_example(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> int:
+    """Floats every module outputs for one example (what autograd keeps for the backward, roughly)."""
+    total = 0
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+        nonlocal total
+        if isinstance(out, torch.Tensor) and out.dim() > 0:
+            total += out.numel() // max(1, out.shape[0])
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(2, *input_shape, device=device))
+    except Exception:  # the model may not run on zeros in this shape: leave the estimate to the caller
+        total = 0
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def choose_path(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    loss: Callable[..., torch.Tensor],
+    device: torch.device,
+    requested: str = "auto",
+) -> Path:
+    """The first path of :data:`PATHS` (from ``requested`` on; ``auto`` tries all) that trains ``model`` with
+    per-client gradients equal to the model run alone on each client. Asking for ``per-layer`` or ``vmap``
+    explicitly raises a ``ValueError`` with the reason when that path cannot train the model."""
+    requested = check_vectorize(requested)
+    if requested == "loop":
+        return Path("loop", None)
+    acts = _activations_per_example(model, input_shape, device)
+    was_training = model.training
+    fallbacks: list[str] = []
+    try:
+        if requested in ("auto", "per-layer"):
+            try:
+                model.train()
+                step = _per_layer_step(StackedModel(model), loss)
+                _probe(step, model, input_shape, num_classes, loss, device)
+                return Path("per-layer", step, (), acts)
+            except Unsupported as exc:
+                if requested == "per-layer":
+                    raise ValueError(f"engine.vectorize='per-layer' cannot train this model: {exc}") from None
+                fallbacks.append(f"per-layer: {exc}")
+        try:
+            # vmap's dropout is not the per-client generators': check it with dropout off
+            model.train(not dropout_layers(model))
+            step = _vmap_step(model, loss)
+            _probe(step, model, input_shape, num_classes, loss, device)
+            return Path("vmap", step, tuple(fallbacks), acts)
+        except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
+            if requested == "vmap":
+                raise ValueError(f"engine.vectorize='vmap' cannot train this model: {exc}") from None
+            fallbacks.append(f"vmap: {type(exc).__name__}: {exc}")
+        return Path("loop", None, tuple(fallbacks), acts)
+    finally:
+        model.train(was_training)
+
+
+def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:
+    dim = int(trainer.dim)
+    acts = trainer.path.activations_per_example or 64 * max(trainer.data.input_dim, 1)
+    # parameters + momentum + gradient + an update copy, and each layer's output kept for the backward (x3:
+    # the output, its gradient and the rules' reshaped copies), all float32
+    per_client = 4 * (4 * dim + 3 * batch_size * (acts + int(trainer.data.input_dim)))
+    return max(1, min(MAX_CHUNK, memory_budget // per_client))
 
 
 def _batch_plan(
@@ -123,7 +268,7 @@ def _metrics(
     trainer: Any, cids: list[int], sizes: list[int], loss_sums: list[float], path: str
 ) -> list[dict[str, Any]]:
     """Per-client metrics as ``train_one`` gives them (``train_loss``: mean of the per-step losses), and
-    ``trainer``: which implementation trained the client."""
+    ``trainer``: which path trained the client."""
     bsz, epochs = int(trainer.settings.batch_size), int(trainer.settings.local_epochs)
     return [
         {
@@ -136,50 +281,12 @@ def _metrics(
     ]
 
 
-def _empty_chunk(
-    trainer: Any, cids: list[int], global_w: torch.Tensor, path: str
-) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    zeros = torch.zeros((len(cids), trainer.dim), device=trainer.device, dtype=global_w.dtype)
-    return zeros, _metrics(trainer, cids, [0] * len(cids), [0.0] * len(cids), path)
-
-
-def _train_chunk_native(
-    trainer: Any, dims: np.ndarray, server_round: int, cids: list[int], global_w: torch.Tensor
-) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    """:func:`_train_chunk` with the fused CPU kernel :func:`fedsim.training.native.cnn1d_train` (every step of
-    the chunk in one call; the same batches, losses and updates up to float rounding)."""
-    s = trainer.settings
-    tensors = [trainer._tensors(c) for c in cids]
-    n = np.array([int(y.shape[0]) for _, y in tensors], dtype=np.int64)
-    if int(n.sum()) == 0:
-        return _empty_chunk(trainer, cids, global_w, "native-cnn1d")
-    starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
-    # numpy, not torch: a multi-threaded torch op here would leave PyTorch's OpenMP threads spinning on the
-    # cores the kernel's threads are about to use
-    x_all = np.concatenate([x.numpy() for x, _ in tensors]).reshape(int(n.sum()), -1)
-    y_all = np.concatenate([y.numpy() for _, y in tensors])
-    # each client's epochs in the order of train_one, as rows of the chunk's concatenated data
-    order = client_orders(s.seed, server_round, cids, n, int(s.local_epochs)) + np.repeat(starts, n)[None, :]
-    use_momentum = s.optimizer == "momentum" and s.momentum != 0.0
-    updates, loss_sum = native.cnn1d_train(
-        dims,
-        global_w,
-        x_all,
-        y_all,
-        order,
-        starts,
-        n,
-        float(s.lr),
-        float(s.momentum) if use_momentum else 0.0,
-    )
-    return updates, _metrics(trainer, cids, n.tolist(), loss_sum.tolist(), "native-cnn1d")
-
-
 def _train_chunk(
-    trainer: Any, step_fn: Any, names: list[str], server_round: int, cids: list[int], global_w: torch.Tensor
+    trainer: Any, names: list[str], server_round: int, cids: list[int], global_w: torch.Tensor
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """Train clients ``cids`` (sorted by steps, most first) together; returns updates ``[K, dim]`` and metrics."""
     s = trainer.settings
+    path: Path = trainer.path
     device = trainer.device
     bsz = int(s.batch_size)
     k = len(cids)
@@ -190,14 +297,17 @@ def _train_chunk(
         offsets.append(total)
         total += n
     if total == 0:
-        return _empty_chunk(trainer, cids, global_w, "vectorized")
+        zeros = torch.zeros((k, trainer.dim), device=device, dtype=global_w.dtype)
+        return zeros, _metrics(trainer, cids, sizes, [0.0] * k, path.name)
     x_all = torch.cat([x for x, _ in tensors])
     y_all = torch.cat([y for _, y in tensors])
     idx, mask, count, max_steps = _batch_plan(trainer, server_round, cids, sizes, offsets)
     idx, mask, count = idx.to(device), mask.to(device), count.to(device)
+    real = count.to(torch.int64).cpu()  # real examples per (epoch, step, client), for the dropout masks
     steps = torch.tensor([math.ceil(n / bsz) for n in sizes])
     # number of clients still training at step t (clients are sorted by steps, descending)
     active = [int((steps > t).sum()) for t in range(max_steps)]
+    masks = DropoutMasks.for_clients(s.seed, server_round, cids, device) if trainer.has_dropout else None
 
     # stacked parameters [K, *shape], in the order of trainer.params
     params: dict[str, torch.Tensor] = {}
@@ -210,6 +320,8 @@ def _train_chunk(
     bufs = {name: torch.zeros_like(t) for name, t in params.items()} if use_momentum else None
     lr, mom = float(s.lr), float(s.momentum)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
+    step_fn = path.step
+    assert step_fn is not None
 
     for e in range(int(s.local_epochs)):
         for t in range(max_steps):
@@ -217,10 +329,10 @@ def _train_chunk(
             if a == 0:
                 break
             bi = idx[e, t, :a]  # [a, B]
-            xb = x_all[bi]
-            yb = y_all[bi]
             sub = {name: v[:a] for name, v in params.items()} if a < k else params
-            grads, losses = step_fn(sub, xb, yb, mask[e, t, :a], count[e, t, :a])
+            if masks is not None:
+                masks.sizes = real[e, t, :a].tolist()
+            grads, losses = step_fn(sub, x_all[bi], y_all[bi], mask[e, t, :a], count[e, t, :a], masks)
             with torch.no_grad():
                 loss_sum[:a] += losses.detach().double()
                 for name, v in params.items():
@@ -233,7 +345,7 @@ def _train_chunk(
                         v[:a].add_(g, alpha=-lr)
 
     flat = torch.cat([params[name].reshape(k, -1) for name in names], dim=1)
-    return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist(), "vectorized")
+    return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist(), path.name)
 
 
 def train_vectorized_chunks(
@@ -245,43 +357,27 @@ def train_vectorized_chunks(
     chunk_size: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> Iterator[tuple[torch.Tensor, list[dict[str, Any]]]]:
-    """Train ``client_ids`` from ``global_w`` together, a chunk at a time (most local steps first); yield
-    ``(updates, metrics)`` per chunk: ``updates[i]`` is the flat float32 ``w - global_w`` of client
-    ``metrics[i]["client"]``, on ``trainer.device``; ``metrics`` hold ``client``, ``num_examples``,
-    ``train_loss`` (mean batch loss over the client's steps) and ``trainer`` (``vectorized`` or
-    ``native-cnn1d``), as ``train_one``'s do."""
+    """Train ``client_ids`` from ``global_w`` together on ``trainer.path`` (``per-layer`` or ``vmap``), a chunk
+    at a time (most local steps first); yield ``(updates, metrics)`` per chunk: ``updates[i]`` is the flat
+    float32 ``w - global_w`` of client ``metrics[i]["client"]``, on ``trainer.device``; ``metrics`` hold
+    ``client``, ``num_examples``, ``train_loss`` (mean batch loss over the client's steps) and ``trainer`` (the
+    path), as ``train_one``'s do."""
+    if trainer.path.step is None:
+        raise ValueError(f"train_vectorized needs a vectorised path; this trainer's is {trainer.path.name!r}")
     s = trainer.settings
     cids = [int(c) for c in client_ids]
     if not cids:
         return
     names = [name for name, _ in trainer.model.named_parameters()]
-    if len(names) != len(trainer.params):  # pragma: no cover - shared parameters are not supported
-        raise ValueError("train_vectorized needs a model whose parameters are all distinct")
     nums = trainer.data.num_examples_array(cids)
     steps = [math.ceil(int(n) / s.batch_size) for n in nums]
     order = sorted(range(len(cids)), key=lambda j: -steps[j])  # stable: ties keep the given order
     size = chunk_size or _chunk_size(trainer, int(s.batch_size), memory_budget)
     gw = global_w.to(device=trainer.device, dtype=torch.float32)
     trainer.model.train()
-    dims = native_dims(trainer)
-    step_fn = None if dims is not None else _make_step(trainer.model)
     for start in range(0, len(order), size):
         part = [cids[j] for j in order[start : start + size]]
-        if dims is not None:
-            yield _train_chunk_native(trainer, dims, server_round, part, gw)
-        else:
-            yield _train_chunk(trainer, step_fn, names, server_round, part, gw)
-
-
-def native_dims(trainer: Any) -> np.ndarray | None:
-    """The fused CPU kernel's dims for ``trainer``'s model when that kernel will train it (a CNN1D on the CPU,
-    :func:`fedsim.training.native.available`), else ``None`` (the PyTorch path)."""
-    if trainer.device.type != "cpu" or not native.enabled():
-        return None
-    dims = native.cnn1d_dims(trainer.model, int(trainer.settings.batch_size))
-    if dims is None or not native.available():
-        return None
-    return dims
+        yield _train_chunk(trainer, names, server_round, part, gw)
 
 
 def train_vectorized(

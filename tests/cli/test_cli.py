@@ -32,7 +32,11 @@ def test_unknown_scenario_lists_the_available_ones():
         ("privacy.sampling_rate=1.5", "privacy.sampling_rate", "less than or equal to 1"),
         ("rounds=0", "rounds", "greater than or equal to 1"),
         ("privacy.noise=1", "privacy.noise", "allowed here: sampling"),
-        ("data.dataset=cifar", "data.dataset", "'digits', 'mnist1d' or 'synthetic'"),
+        (
+            "data.dataset=cifar",
+            "data.dataset",
+            "'digits', 'mnist1d', 'synthetic', 'hf:<repo id>' or a data function",
+        ),
     ],
 )
 def test_invalid_values_name_the_field_and_what_is_allowed(override, field, allowed, capsys):

@@ -32,9 +32,10 @@ def test_registry_names():
 def test_shapes_and_dtypes(dirichlet):
     fd = dirichlet
     assert (fd.num_clients, fd.input_dim, fd.num_classes, fd.num_domains) == (100, 64, 10, 1)
+    assert fd.input_shape == (1, 8, 8)  # the digits are images
     x, y = fd.client_data(int(fd.train_clients[0]))
     assert x.dtype == np.float32 and y.dtype == np.int64
-    assert x.ndim == 2 and x.shape[1] == 64 and y.shape == (x.shape[0],)
+    assert x.shape[1:] == (1, 8, 8) and y.shape == (x.shape[0],)
     assert x.min() >= 0.0 and x.max() <= 1.0
     assert fd.num_examples(int(fd.train_clients[0])) == x.shape[0]
 

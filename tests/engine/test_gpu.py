@@ -22,11 +22,19 @@ def data():
 
 
 def _settings(model="mlp", vectorize=False, **kw):
+    from fedsim.models import MODEL_FACTORIES
     from fedsim.training.trainer import TrainSettings
 
     mk = {"hidden": [32]} if model == "mlp" else {}
     return TrainSettings(
-        model=model, model_kwargs=mk, local_epochs=2, batch_size=8, lr=0.05, seed=1, vectorize=vectorize, **kw
+        model=MODEL_FACTORIES[model],
+        model_kwargs=mk,
+        local_epochs=2,
+        batch_size=8,
+        lr=0.05,
+        seed=1,
+        vectorize=vectorize,
+        **kw,
     )
 
 
@@ -36,7 +44,7 @@ def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
     from fedsim.training.trainer import ClientTrainer, initial_weights
 
     s = _settings(model, vectorize)
-    w = initial_weights(s, data.input_dim, data.num_classes)
+    w = initial_weights(s, data.input_shape, data.num_classes)
     cids = np.arange(0, 200, 9)
     cpu, m_cpu = ClientTrainer(data, s, device="cpu").train(2, cids, w, clip=1.0)
     gpu_trainer = ClientTrainer(data, s, device="cuda")
@@ -49,6 +57,21 @@ def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
     )
 
 
+def test_conv2d_cnn_per_layer_on_cuda_matches_the_cpu_loop():
+    from fedsim.data import build_federated_data
+    from fedsim.training.trainer import ClientTrainer, initial_weights
+
+    d = build_federated_data("digits", num_clients=30, partitioner="iid", heldout_fraction=0.0, seed=2)
+    s = _settings("cnn2d", vectorize="per-layer")
+    w = initial_weights(s, d.input_shape, d.num_classes)
+    cids = np.arange(0, 30, 2)
+    loop = ClientTrainer(d, _settings("cnn2d", vectorize=False), device="cpu").train(1, cids, w, clip=0.7)[0]
+    gpu = ClientTrainer(d, s, device="cuda")
+    assert gpu.path.name == "per-layer"
+    vec = gpu.train(1, cids, w, clip=0.7)[0]
+    np.testing.assert_allclose(vec.total, loop.total, rtol=1e-3, atol=1e-4)
+
+
 def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
     from fedsim.data import build_federated_data
     from fedsim.training.trainer import ClientTrainer, initial_weights
@@ -57,7 +80,7 @@ def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
         "synthetic", num_clients=40, heldout_fraction=0.0, synthetic_alpha=0.5, synthetic_beta=0.5, seed=4
     )
     s = _settings("cnn1d", vectorize=True)
-    w = initial_weights(s, d.input_dim, d.num_classes)
+    w = initial_weights(s, d.input_shape, d.num_classes)
     cids = np.arange(0, 40, 3)
     loop = ClientTrainer(d, _settings("cnn1d", vectorize=False), device="cpu").train(1, cids, w, clip=0.7)[0]
     vec = ClientTrainer(d, s, device="cuda").train(1, cids, w, clip=0.7)[0]
@@ -87,7 +110,7 @@ def test_ray_actors_with_fractional_gpus_train_on_cuda_and_match_cpu(data):
     s = _settings("mlp", vectorize=True)
     from fedsim.training.trainer import initial_weights
 
-    w = initial_weights(s, data.input_dim, data.num_classes)
+    w = initial_weights(s, data.input_shape, data.num_classes)
 
     class Plan:
         round, clip, noise_share_std, client_weights, loss_bound = 3, 1.0, 0.0, None, None

@@ -1,4 +1,4 @@
-"""Model registry: shapes, determinism, torch.func compatibility, errors."""
+"""The shipped model factories: shapes, determinism, torch.func compatibility, errors."""
 
 import pytest
 import torch
@@ -6,30 +6,36 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 
 from fedsim.models import MODELS, build_model, num_parameters
 
+# every shipped model takes the digits as images; all but cnn2d also take flat features
+SHAPES = {"cnn2d": [(1, 8, 8), (3, 5, 7)]}
+
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("input_dim", [40, 60, 64])
-def test_output_shape(name, input_dim):
-    model = build_model(name, input_dim, 10)
-    assert model(torch.randn(7, input_dim)).shape == (7, 10)
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_output_shape(name, which):
+    shape = (SHAPES.get(name) or [(40,), (60,), (1, 8, 8)])[min(which, len(SHAPES.get(name, [0] * 3)) - 1)]
+    model = build_model(name, shape, 10)
+    assert model(torch.randn(7, *shape)).shape == (7, 10)
     assert list(model.buffers()) == []
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_deterministic_init(name):
     torch.manual_seed(3)
-    a = build_model(name, 40, 10)
+    shape = (SHAPES.get(name) or [(40,)])[0]
+    a = build_model(name, shape, 10)
     torch.manual_seed(3)
-    b = build_model(name, 40, 10)
+    b = build_model(name, shape, 10)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_vmap_over_stacked_clients(name):
-    models = [build_model(name, 40, 10) for _ in range(3)]
+    shape = (SHAPES.get(name) or [(40,)])[0]
+    models = [build_model(name, shape, 10) for _ in range(3)]
     params, buffers = stack_module_state(models)
     base = models[0]
-    x = torch.randn(3, 5, 40)
+    x = torch.randn(3, 5, *shape)
     y = torch.randint(0, 10, (3, 5))
 
     def loss(p, b, xb, yb):
@@ -57,7 +63,9 @@ def test_mlp_options():
     "args,kwargs,option",
     [
         (("transformer", 40, 10), {}, "model"),
-        (("mlp", 0, 10), {}, "input_dim"),
+        (("mlp", 0, 10), {}, "input_shape"),
+        (("cnn2d", (40,), 10), {}, "cnn2d takes images"),
+        (("cnn2d", (1, 8, 8), 10), {"groups": 3}, "groups"),
         (("mlp", 40, 0), {}, "num_classes"),
         (("mlp", 40, 10), {"hidden": [0]}, "hidden"),
         (("logreg", 40, 10), {"hidden": [8]}, "hidden"),

@@ -1,10 +1,12 @@
-"""Vectorised local training (torch.func) must reproduce ClientTrainer.train_one client by client."""
+"""Vectorised local training (the per-layer path, which the shipped models take) must reproduce
+ClientTrainer.train_one client by client."""
 
 import numpy as np
 import pytest
 import torch
 
 from fedsim.data import build_federated_data
+from fedsim.models import MODEL_FACTORIES
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 from fedsim.training.vectorized import train_vectorized
 
@@ -25,7 +27,7 @@ def mnist1d():
 
 def _trainer(data, model, optimizer, epochs, batch_size=8, **kw):
     settings = TrainSettings(
-        model=model,
+        model=MODEL_FACTORIES[model],
         model_kwargs=kw,
         local_epochs=epochs,
         batch_size=batch_size,
@@ -35,7 +37,8 @@ def _trainer(data, model, optimizer, epochs, batch_size=8, **kw):
         seed=3,
     )
     trainer = ClientTrainer(data, settings, device="cpu")
-    w = torch.as_tensor(initial_weights(settings, data.input_dim, data.num_classes), dtype=torch.float32)
+    assert trainer.path.name == "per-layer"
+    w = torch.as_tensor(initial_weights(settings, data.input_shape, data.num_classes), dtype=torch.float32)
     return trainer, w
 
 
@@ -78,8 +81,16 @@ def test_chunks_and_order_do_not_matter(digits):
 
 
 def test_trainer_vectorize_flag_gives_the_same_partial_sum(digits):
-    settings = TrainSettings(model="mlp", model_kwargs={"hidden": [16]}, local_epochs=2, batch_size=8, seed=1)
-    w = initial_weights(settings, digits.input_dim, digits.num_classes)
+    """``vectorize = false`` is the loop, ``true`` is ``auto`` (per-layer here): the same clipped sum."""
+    settings = TrainSettings(
+        model=MODEL_FACTORIES["mlp"],
+        model_kwargs={"hidden": [16]},
+        local_epochs=2,
+        batch_size=8,
+        seed=1,
+        vectorize=False,
+    )
+    w = initial_weights(settings, digits.input_shape, digits.num_classes)
     cids = np.arange(0, 30, 3)
     loop, mloop = ClientTrainer(digits, settings, device="cpu").train(1, cids, w, clip=0.5)
     vec_settings = TrainSettings(**{**settings.__dict__, "vectorize": True})

@@ -1,0 +1,202 @@
+"""The user's model, loss and data functions: named as ``"package.module:function"`` or given as callables.
+
+This is the contract between a scenario and the code that trains it. Nothing here (nor in the training code
+that uses it) knows a model's class or its parameter names:
+
+* a **model factory** is ``f(input_shape, num_classes, **options) -> nn.Module``; ``input_shape`` is the shape
+  of one example (``(40,)`` for MNIST-1D, ``(1, 8, 8)`` for the digits as images);
+* a **loss** is ``loss(outputs, targets) -> per-example losses [n]``; fedsim averages them over a batch (and
+  masks padded examples when clients train together). ``"cross_entropy"`` is the default;
+* a **data function** is described in :mod:`fedsim.data.user`.
+
+A reference is resolved with :func:`import_object` on whichever process needs it (the driver, a Ray worker, a
+Flower ClientApp), so the module must be importable there: installed, or on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``)
+REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+Factory = str | Callable[..., nn.Module]
+Loss = str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def is_reference(value: Any) -> bool:
+    """Whether ``value`` is a ``"package.module:function"`` string."""
+    return isinstance(value, str) and REFERENCE.match(value) is not None
+
+
+def import_object(reference: str, what: str) -> Any:
+    """The object ``"package.module:attribute"`` names; a ``ValueError`` that says what is wrong otherwise."""
+    if not is_reference(reference):
+        raise ValueError(f"invalid {what}={reference!r}: allowed 'package.module:function'")
+    module_name, attr = reference.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"invalid {what}={reference!r}: module {module_name!r} cannot be imported ({exc}); it must be "
+            "installed or on PYTHONPATH in every process that trains (see the README, 'Your own model')"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(
+                f"invalid {what}={reference!r}: {module_name!r} has no attribute {attr!r}"
+            ) from None
+    if not callable(obj):
+        raise ValueError(f"invalid {what}={reference!r}: {type(obj).__name__} is not callable")
+    return obj
+
+
+def reference_of(obj: Callable[..., Any]) -> str | None:
+    """``"module:qualname"`` of a module-level callable that imports back to the same object, else ``None``."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        return None
+    ref = f"{module}:{qualname}"
+    try:
+        return ref if import_object(ref, "factory") is obj else None
+    except ValueError:
+        return None
+
+
+def describe(spec: Any) -> str:
+    """A reference string for the run's records, whether ``spec`` was given as a string or a callable."""
+    if isinstance(spec, str):
+        return spec
+    return reference_of(spec) or f"<callable {getattr(spec, '__qualname__', type(spec).__name__)}>"
+
+
+def resolve(spec: Any, what: str) -> Callable[..., Any]:
+    """A callable from a reference string or the callable itself."""
+    if callable(spec) and not isinstance(spec, str):
+        return spec
+    return import_object(spec, what)
+
+
+# --------------------------------------------------------------------------- models
+def check_shape(input_shape: Any) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of positive ints (an int ``d`` is ``(d,)``)."""
+    if isinstance(input_shape, numbers.Integral) and not isinstance(input_shape, bool):
+        input_shape = (int(input_shape),)
+    ok = isinstance(input_shape, Sequence) and not isinstance(input_shape, str) and len(input_shape) > 0
+    ok = ok and all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in input_shape
+    )
+    if not ok:
+        raise ValueError(f"invalid input_shape={input_shape!r}: allowed a tuple of positive integers")
+    return tuple(int(v) for v in input_shape)
+
+
+def factory_options(factory: Callable[..., Any]) -> tuple[list[str], bool]:
+    """The keyword options a factory takes besides ``input_shape`` and ``num_classes``, and whether it
+    takes any (``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or a C callable: accept what the user passes
+        return [], True
+    names = [
+        n
+        for n, p in list(params.items())[2:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def build_model(
+    factory: Factory, input_shape: Any, num_classes: int, options: dict[str, Any] | None = None
+) -> nn.Module:
+    """Call the model factory and check what it returns (an ``nn.Module`` fedsim can train privately)."""
+    fn = resolve(factory, "model.factory")
+    shape = check_shape(input_shape)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ValueError(f"invalid num_classes={num_classes!r}: allowed a positive integer")
+    options = dict(options or {})
+    accepted, any_key = factory_options(fn)
+    if not any_key:
+        for key, value in options.items():
+            if key not in accepted:
+                raise ValueError(
+                    f"invalid model.{key}={value!r}: the model factory {describe(factory)!r} takes "
+                    + (", ".join(accepted) if accepted else "no options")
+                )
+    model = fn(shape, int(num_classes), **options)
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"the model factory {describe(factory)!r} returned {type(model).__name__}: allowed an nn.Module"
+        )
+    check_private_trainable(model)
+    return model
+
+
+def check_private_trainable(model: nn.Module) -> None:
+    """Refuse layers that keep statistics of the training data outside the parameters (BatchNorm)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) or (
+            isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats
+        ):
+            raise ValueError(
+                f"the model has {type(m).__name__} at {name or '<root>'!r}, which fedsim refuses: its running "
+                "mean and variance are statistics of a client's examples kept outside the parameters, so "
+                "they are neither clipped nor noised. Sharing them would release un-noised client data "
+                "(breaking client-level DP); keeping them local would evaluate the global model with "
+                "statistics no client trained. Use nn.GroupNorm (or nn.LayerNorm), which normalise each "
+                "example on its own and hold only parameters."
+            )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("the model has no trainable parameters")
+
+
+# --------------------------------------------------------------------------- losses
+def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-example cross-entropy of logits ``[n, classes]`` and integer labels ``[n]``."""
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"cross_entropy": cross_entropy}
+"""Losses named by a short name; any other loss is a ``"package.module:function"``."""
+
+
+def resolve_loss(spec: Loss) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if isinstance(spec, str) and spec in LOSSES:
+        return LOSSES[spec]
+    if isinstance(spec, str) and not is_reference(spec):
+        raise ValueError(
+            f"invalid model.loss={spec!r}: allowed {', '.join(map(repr, LOSSES))} or 'package.module:function'"
+        )
+    return resolve(spec, "model.loss")
+
+
+def per_example(
+    loss: Callable[..., torch.Tensor], outputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """``loss(outputs, targets)``, checked to give one finite-shaped value per example."""
+    out = loss(outputs, targets)
+    if not isinstance(out, torch.Tensor) or out.shape != targets.shape[:1]:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"the loss returned {shape} for a batch of {targets.shape[0]}: a loss must return one value per "
+            "example (e.g. F.cross_entropy(..., reduction='none')); fedsim averages them"
+        )
+    return out
+
+
+def loss_bound_default(num_classes: int) -> float:
+    """The bound agnostic FL clips per-example losses to: ``log(num_classes)`` (chance-level cross-entropy)."""
+    return math.log(max(2, int(num_classes)))

@@ -1,0 +1,392 @@
+"""Per-layer-type rules: many clients' copies of one model trained in one pass, whatever the model.
+
+K clients train together when their parameters are stacked along a leading client axis (``params[name]`` is
+``[K, *shape]``) and their batches are concatenated, client-major, into one batch of ``K * B`` examples. The
+user's own ``forward`` then runs unchanged: fedsim only replaces, for the duration of the call, the
+``forward`` of each *layer* that holds parameters by a rule for its type that applies client ``k``'s
+parameters to rows ``k*B .. (k+1)*B - 1``. As Opacus registers per-sample gradient rules per layer type,
+the rules here are registered per layer type (:func:`register`), found by walking the module tree with
+``named_modules()``; no rule knows a model's class or its parameter names.
+
+* Layers with parameters: Linear (batched matrix products), Conv1d/Conv2d/Conv3d (one grouped convolution
+  with K groups), LayerNorm and GroupNorm (the normalisation is per example; the affine part per client).
+* Parameter-free layers that act on each example alone (activations, Flatten, pooling, ...) need no rule:
+  they run as they are on the ``K * B`` batch (:data:`PER_EXAMPLE`).
+* Dropout draws each client's masks from the client's own generator (:class:`DropoutMasks`), the same masks
+  the per-client loop draws, so both paths train identically.
+* BatchNorm is refused for every path (:func:`fedsim.factories.check_private_trainable`).
+
+Code in a model's ``forward`` between layers (``x.flatten(1)``, ``torch.relu``, a residual ``+``) runs on
+the ``K * B`` batch too, which is right for anything that treats examples independently. Something that mixes
+examples (``x - x.mean(0)``) would mix clients, so a path is only used after :func:`check_stacked` has run it
+on two clients with different parameters and inputs and found each client's outputs and gradients equal to
+those of the model run on that client alone. Anything else falls back to ``torch.func.vmap``
+(:mod:`fedsim.training.vectorized`), then to the per-client loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Rule = Callable[..., torch.Tensor]
+#: layer type -> ``rule(module, params, k, masks, x) -> y`` on ``x [K*B, ...]`` with ``params[local] [K, ...]``
+RULES: dict[type[nn.Module], Rule] = {}
+
+#: parameter-free layers that act on each example alone: they run unchanged on the stacked batch
+PER_EXAMPLE: tuple[type[nn.Module], ...] = (
+    nn.Identity,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Hardtanh,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+)
+
+
+class Unsupported(Exception):
+    """The per-layer path cannot train this model; the message says which layer and why."""
+
+
+def register(*types: type[nn.Module]) -> Callable[[Rule], Rule]:
+    """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule)."""
+
+    def deco(rule: Rule) -> Rule:
+        for t in types:
+            RULES[t] = rule
+        return rule
+
+    return deco
+
+
+# --------------------------------------------------------------------------- the rules
+class _StackedLinear(torch.autograd.Function):
+    """``x [K, N, in] @ w[k]^T + b[k]`` with the backward written out: one autograd node instead of four, and
+    the weight gradient computed directly in the weight's layout (contiguous, so the update is one pass)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        wt = w.transpose(1, 2)
+        return torch.bmm(x, wt) if b is None else torch.baddbmm(b.unsqueeze(1), x, wt)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        gx = torch.bmm(dy, w) if ctx.needs_input_grad[0] else None
+        gw = torch.bmm(dy.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        gb = dy.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+@register(nn.Linear)
+def _linear(m: nn.Linear, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
+    w = p["weight"]
+    y = _StackedLinear.apply(x.reshape(k, -1, x.shape[-1]), w, p.get("bias"))  # [K, B * (other dims), out]
+    return y.reshape(*x.shape[:-1], w.shape[1])
+
+
+_CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+
+
+@register(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def _conv(m: nn.Conv1d, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
+    """One grouped convolution: the K clients' inputs side by side as channel groups ``[B, K*C, ...]``."""
+    w, b = p["weight"], p.get("bias")
+    n, c, spatial = x.shape[0] // k, x.shape[1], x.shape[2:]
+    xg = x.reshape(k, n, c, *spatial).transpose(0, 1).reshape(n, k * c, *spatial)
+    padding: Any = m.padding
+    if m.padding_mode != "zeros":
+        xg = F.pad(xg, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+        padding = 0
+    co = w.shape[1]
+    y = _CONV[type(m)](
+        xg,
+        w.reshape(k * co, *w.shape[2:]),
+        None if b is None else b.reshape(k * co),
+        m.stride,
+        padding,
+        m.dilation,
+        m.groups * k,
+    )
+    return y.reshape(n, k, co, *y.shape[2:]).transpose(0, 1).reshape(k * n, co, *y.shape[2:])
+
+
+@register(nn.GroupNorm)
+def _group_norm(
+    m: nn.GroupNorm, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor
+) -> torch.Tensor:
+    y = F.group_norm(x, m.num_groups, None, None, m.eps)
+    w, b = p.get("weight"), p.get("bias")
+    if w is None and b is None:
+        return y
+    yk = y.reshape(k, -1, *y.shape[1:])  # [K, B, C, *spatial]
+    per_channel = (k, 1, y.shape[1]) + (1,) * (y.dim() - 2)
+    if w is not None:
+        yk = yk * w.view(per_channel)
+    if b is not None:
+        yk = yk + b.view(per_channel)
+    return yk.reshape(y.shape)
+
+
+@register(nn.LayerNorm)
+def _layer_norm(
+    m: nn.LayerNorm, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor
+) -> torch.Tensor:
+    shape = tuple(m.normalized_shape)
+    y = F.layer_norm(x, shape, None, None, m.eps)
+    w, b = p.get("weight"), p.get("bias")
+    if w is None and b is None:
+        return y
+    yk = y.reshape(k, -1, *shape)  # the normalised dims are the last ones
+    if w is not None:
+        yk = yk * w.unsqueeze(1)
+    if b is not None:
+        yk = yk + b.unsqueeze(1)
+    return yk.reshape(y.shape)
+
+
+@register(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+def _dropout(m: nn.Dropout, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
+    if not m.training or m.p == 0.0:
+        return x
+    if masks is None:
+        raise RuntimeError("a training-mode Dropout ran without per-client masks (fedsim.training.layers)")
+    # Dropout1d/2d/3d drop whole channels: one draw per (example, channel)
+    channelwise = type(m) is not nn.Dropout
+    shape = (*x.shape[:2], *([1] * (x.dim() - 2))) if channelwise else tuple(x.shape)
+    return x * masks.draw(shape, k, float(m.p), x)
+
+
+# --------------------------------------------------------------------------- losses
+class _MaskedCrossEntropy(torch.autograd.Function):
+    """Each client's mean cross-entropy over its real examples, ``sum_b mask[k,b] * CE[k,b] / count[k]``, for
+    logits ``[K, B, C]``; the backward is ``(softmax - onehot(y)) * mask / count``, written out."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=-1)
+        yi = y.unsqueeze(-1)
+        ctx.save_for_backward(logp, yi, weight)
+        return -(logp.gather(-1, yi).squeeze(-1) * weight).sum(1)
+
+    @staticmethod
+    def backward(ctx: Any, dl: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        logp, yi, weight = ctx.saved_tensors
+        d = logp.exp()
+        d.scatter_add_(-1, yi, torch.full_like(yi, -1.0, dtype=d.dtype))
+        return d.mul_((weight * dl.unsqueeze(1)).unsqueeze(-1)), None, None
+
+
+def masked_cross_entropy(
+    logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, count: torch.Tensor
+) -> torch.Tensor:
+    """Per-client mean cross-entropy (see :class:`_MaskedCrossEntropy`) for logits ``[K, B, C]``."""
+    return _MaskedCrossEntropy.apply(logits, y, mask / count.unsqueeze(1))
+
+
+# --------------------------------------------------------------------------- dropout masks
+@dataclass
+class DropoutMasks:
+    """Each client's dropout masks, from its own generator: client ``j`` of a stacked call draws a mask for
+    its ``sizes[j]`` real examples (the padded rows of a ragged last batch get ones, and are masked out of the
+    loss), so the per-client loop (K = 1) and the stacked path draw the same numbers in the same order."""
+
+    generators: list[torch.Generator]
+    sizes: list[int] | None = None  # real examples per client in the current step (None: all B)
+
+    @classmethod
+    def for_clients(cls, seed: int, server_round: int, cids: list[int], device: torch.device) -> DropoutMasks:
+        gens = []
+        for c in cids:
+            state = np.random.SeedSequence(
+                [int(seed), int(server_round), _TAG_DROPOUT, int(c)]
+            ).generate_state(2)
+            g = torch.Generator(device=device)
+            g.manual_seed(int(state[0]) << 32 | int(state[1]))
+            gens.append(g)
+        return cls(gens)
+
+    def draw(self, shape: tuple[int, ...], k: int, p: float, like: torch.Tensor) -> torch.Tensor:
+        n = shape[0] // k
+        if k > len(self.generators):
+            raise RuntimeError(f"dropout masks for {len(self.generators)} clients, {k} asked")
+        out = torch.ones((k, n, *shape[1:]), dtype=like.dtype, device=like.device)
+        for j in range(k):
+            real = n if self.sizes is None else min(n, int(self.sizes[j]))
+            keep = torch.rand((real, *shape[1:]), generator=self.generators[j], device=like.device) >= p
+            out[j, :real] = keep.to(like.dtype) / (1.0 - p)
+        return out.reshape(shape)
+
+
+_TAG_DROPOUT = 0xD809
+
+
+# --------------------------------------------------------------------------- the stacked model
+@dataclass(frozen=True)
+class _Bound:
+    module: nn.Module
+    rule: Rule
+    names: dict[str, str]  # local parameter name -> the model's parameter name
+
+
+def plan(model: nn.Module) -> list[_Bound]:
+    """The layers to rebind, found by walking the module tree; :class:`Unsupported` names the first layer the
+    per-layer path cannot train."""
+    owner: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in owner:
+            raise Unsupported(f"parameter {name!r} is shared with {owner[id(param)]!r} (tied weights)")
+        owner[id(param)] = name
+    out: list[_Bound] = []
+    for name, m in model.named_modules():
+        own = {n: p for n, p in m._parameters.items() if p is not None}
+        rule = RULES.get(type(m))
+        if rule is not None:
+            prefix = f"{name}." if name else ""
+            out.append(_Bound(m, rule, {n: prefix + n for n in own}))
+        elif own:
+            raise Unsupported(
+                f"{type(m).__name__} at {name or '<root>'!r} holds parameters ({', '.join(own)}) and no "
+                "per-layer rule is registered for its type"
+            )
+        elif not any(True for _ in m.children()) and type(m) not in PER_EXAMPLE:
+            raise Unsupported(f"layer {type(m).__name__} at {name!r} has no per-layer rule")
+    return out
+
+
+class StackedModel:
+    """The user's model run for K clients at once by the per-layer rules (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.bound = plan(model)
+
+    @contextlib.contextmanager
+    def _bind(self, params: dict[str, torch.Tensor], k: int, masks: Any) -> Iterator[None]:
+        try:
+            for b in self.bound:
+                local = {n: params[full] for n, full in b.names.items()}
+                b.module.forward = functools.partial(b.rule, b.module, local, k, masks)
+            yield
+        finally:
+            for b in self.bound:
+                b.module.__dict__.pop("forward", None)
+
+    def forward(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: DropoutMasks | None
+    ) -> torch.Tensor:
+        """``x [K, B, *input]`` -> outputs ``[K, B, *out]`` with client k's parameters ``params[name][k]``."""
+        k, n = x.shape[0], x.shape[1]
+        with self._bind(params, k, masks):
+            out = self.model(x.reshape(k * n, *x.shape[2:]))
+        if not isinstance(out, torch.Tensor) or out.shape[0] != k * n:
+            raise Unsupported(
+                f"the model's output has shape {tuple(getattr(out, 'shape', ()))} for a stacked batch of {k * n}"
+            )
+        return out.reshape(k, n, *out.shape[1:])
+
+
+def dropout_layers(model: nn.Module) -> list[nn.Module]:
+    """The Dropout layers of ``model`` that draw per-client masks."""
+    return [m for m in model.modules() if RULES.get(type(m)) is _dropout]
+
+
+@contextlib.contextmanager
+def client_dropout(model: nn.Module, masks: DropoutMasks | None) -> Iterator[None]:
+    """One client's forward with its Dropout layers drawing from ``masks`` (the per-client loop and the
+    reference of :func:`check_stacked`); a no-op for a model without Dropout."""
+    layers = dropout_layers(model)
+    try:
+        for m in layers:
+            m.forward = functools.partial(_dropout, m, {}, 1, masks)
+        yield
+    finally:
+        for m in layers:
+            m.__dict__.pop("forward", None)
+
+
+# --------------------------------------------------------------------------- the probe
+def check_agreement(
+    batched: Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]],
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+) -> None:
+    """Run a vectorised step on two clients with different parameters and inputs, and check that each client's
+    loss and gradients equal those of ``model`` run on that client's real examples alone (dropout masks drawn
+    the same way). Raises :class:`Unsupported` with the largest difference when they do not agree.
+
+    ``batched(params, x, y, mask, masks) -> (grads of each client's summed loss, summed losses [K])``: ``mask``
+    ``[K, B]`` marks real examples (client 1's last slot is padding, as in a ragged client's last batch: a model
+    that mixes the examples of a batch would mix the padding in), ``masks`` the two clients' dropout masks.
+    """
+    from torch.func import functional_call
+
+    k, b = 2, 3
+    real = [b, b - 1]  # client 1's batch is padded, as a ragged client's last batch is
+    gen = torch.Generator().manual_seed(1234)
+    base = {n: p.detach() for n, p in model.named_parameters()}
+    params = {
+        n: (
+            v.unsqueeze(0).expand(k, *v.shape) + 0.05 * torch.randn(k, *v.shape, generator=gen).to(v)
+        ).contiguous()
+        for n, v in base.items()
+    }
+    x = torch.randn(k, b, *input_shape, generator=gen).to(device)
+    y = torch.randint(0, max(1, num_classes), (k, b), generator=gen).to(device)
+    mask = torch.tensor([[1.0 if i < r else 0.0 for i in range(b)] for r in real], device=device)
+    masks = DropoutMasks.for_clients(0, 0, list(range(k)), device)
+    masks.sizes = real
+    grads, totals = batched(params, x, y, mask, masks)
+    for j in range(k):
+        leaves = {n: v[j].detach().clone().requires_grad_(True) for n, v in params.items()}
+        masks = DropoutMasks.for_clients(0, 0, [j], device)  # client j's generator, as in the batched call
+        with torch.enable_grad(), client_dropout(model, masks):
+            out = functional_call(model, leaves, (x[j, : real[j]],))
+            ref = loss(out, y[j, : real[j]])
+            ref_grads = torch.autograd.grad(ref.sum(), list(leaves.values()), allow_unused=True)
+        if not torch.allclose(totals[j], ref.detach().sum(), rtol=rtol, atol=atol):
+            raise Unsupported(
+                f"client {j}'s loss differs from the model run alone on its real examples (does forward mix "
+                "the examples of a batch?)"
+            )
+        for (name, g_ref), got in zip(
+            zip(leaves, ref_grads, strict=True), (grads[n][j] for n in leaves), strict=True
+        ):
+            want = torch.zeros_like(got) if g_ref is None else g_ref
+            if not torch.allclose(got, want, rtol=rtol, atol=atol):
+                diff = float((got - want).abs().max())
+                raise Unsupported(
+                    f"client {j}'s gradient of {name!r} differs from the model run alone by {diff:.3g}"
+                )
