@@ -472,13 +472,14 @@ def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     print(
-        f"\ntraining paths, one worker (1 process, 1 thread), cohort of {cohort} clients, median of {reps} rounds:"
+        f"\ntraining paths, one worker (1 process, 1 thread), cohort of {cohort} clients, median of {reps} rounds"
+        " (the paths take turns round by round):"
     )
     print(f"{'model':8s} {'data':18s} {'path':10s} {'updates/s':>10s} {'s/round':>9s}")
     try:
         for model, data in cases:
             cids = [int(c) for c in data.train_clients[:cohort]]
-            rates = {}
+            trainers = {}
             for path in ("per-layer", "vmap", "loop"):
                 s = TrainSettings(
                     model=MODEL_FACTORIES[model],
@@ -492,17 +493,22 @@ def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
                 trainer = ClientTrainer(data, s, device="cpu")
                 weights = initial_weights(s, data.input_shape, data.num_classes)
                 trainer.train(1, cids, weights, clip=w["clip"])  # warm-up (first-call costs)
-                times = []
-                for r in range(reps):
+                trainers[path] = (trainer, weights)
+            # the paths take turns, round by round, so that a machine that slows down slows them all
+            times: dict[str, list[float]] = {p: [] for p in trainers}
+            for r in range(reps):
+                for path, (trainer, weights) in trainers.items():
                     t = time.perf_counter()
                     _, metrics = trainer.train(2 + r, cids, weights, clip=w["clip"])
-                    times.append(time.perf_counter() - t)
-                assert {m["trainer"] for m in metrics} == {path}
-                sec = float(np.median(times))
-                rates[path] = len(cids) / sec
-                shape = "x".join(map(str, data.input_shape))
-                label = f"{data.dataset} {shape}"
-                print(f"{model:8s} {label:18s} {path:10s} {rates[path]:10.1f} {sec:9.4f}", flush=True)
+                    times[path].append(time.perf_counter() - t)
+                    assert {m["trainer"] for m in metrics} == {path}
+            rates = {p: len(cids) / float(np.median(t)) for p, t in times.items()}
+            label = f"{data.dataset} {'x'.join(map(str, data.input_shape))}"
+            for path, rate in rates.items():
+                print(
+                    f"{model:8s} {label:18s} {path:10s} {rate:10.1f} {np.median(times[path]):9.4f}",
+                    flush=True,
+                )
             for path in ("per-layer", "vmap"):
                 print(
                     f"{'':8s} {'':18s} {path:10s} speed-up over the loop: {rates[path] / rates['loop']:.2f}x"

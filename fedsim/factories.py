@@ -49,7 +49,7 @@ def import_object(reference: str, what: str) -> Any:
     except ImportError as exc:
         raise ValueError(
             f"invalid {what}={reference!r}: module {module_name!r} cannot be imported ({exc}); it must be "
-            "installed or on PYTHONPATH in every process that trains (see the README, 'Your own model')"
+            "installed or on PYTHONPATH in every process that trains (see the README, 'Your own model and data')"
         ) from exc
     obj: Any = module
     for part in attr.split("."):

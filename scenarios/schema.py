@@ -134,8 +134,9 @@ class ModelConfig(BaseModel):
         return self.factory if self.factory is not None else MODEL_FACTORIES[self.name or "mlp"]
 
     def options(self) -> dict[str, Any]:
-        """The factory's options: the section's other keys."""
-        return dict(self.model_extra or {})
+        """The factory's options: the section's other keys (a key set to none counts as not given, so that
+        ``--set model.hidden=none`` removes a scenario's option)."""
+        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
