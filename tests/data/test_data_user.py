@@ -72,7 +72,7 @@ def test_bad_returns_are_clear_errors(result, message):
 
 
 def test_references_that_do_not_resolve_say_why():
-    with pytest.raises(ValueError, match="module 'nope_pkg.data' cannot be imported"):
+    with pytest.raises(ValueError, match=r"module 'nope_pkg\.data' cannot be imported"):
         build_federated_data("nope_pkg.data:load", num_clients=2)
     with pytest.raises(ValueError, match="'user_models' has no attribute 'nothing'"):
         build_federated_data("user_models:nothing", num_clients=2)
