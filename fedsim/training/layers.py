@@ -116,7 +116,9 @@ _CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 
 @register(nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def _conv(m: nn.Conv1d, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
-    """One grouped convolution: the K clients' inputs side by side as channel groups ``[B, K*C, ...]``."""
+    """One grouped convolution: the K clients' inputs side by side as channel groups ``[B, K*C, ...]``. (An
+    im2col rule with batched matrix products and the backward written out measured 1.7-1.9x slower than this
+    on the CPU, for cnn1d and cnn2d with 100 clients of batch 16.)"""
     w, b = p["weight"], p.get("bias")
     n, c, spatial = x.shape[0] // k, x.shape[1], x.shape[2:]
     xg = x.reshape(k, n, c, *spatial).transpose(0, 1).reshape(n, k * c, *spatial)
@@ -240,7 +242,7 @@ class DropoutMasks:
         for j in range(k):
             real = n if self.sizes is None else min(n, int(self.sizes[j]))
             keep = torch.rand((real, *shape[1:]), generator=self.generators[j], device=like.device) >= p
-            out[j, :real] = keep.to(like.dtype) / (1.0 - p)
+            out[j, :real] = keep.to(like.dtype) / (1.0 - p) if p < 1.0 else 0.0  # p = 1 drops all, as torch
         return out.reshape(shape)
 
 
