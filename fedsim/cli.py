@@ -4,7 +4,9 @@
 ``fedsim scenarios``: list the shipped scenarios.
 ``fedsim privacy ...``: the central accountant on its own (see ``fedsim privacy --help``).
 
-Bad input exits with code 2 and a one-line (or one-block) message naming what was wrong; no traceback.
+Exit codes: 0 done; 2 bad input, with a one-line (or one-block) message naming what was wrong and no traceback;
+3 stopped by the privacy budget (``privacy.max_epsilon``) before the round that would have exceeded it, every
+finished round written; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from fedsim.env import set_offline_defaults
 from fedsim.report.privacy import add_parser as add_privacy
 
 EXIT_USAGE = 2
+EXIT_BUDGET = (
+    3  # privacy.max_epsilon stopped the run before a round would exceed it (rows so far are written)
+)
 
 
 def _fail(message: str) -> int:
@@ -72,9 +77,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = run_scenario(scenario, args.out, on_row=on_row)
     except ValueError as exc:  # invalid combination found while building data, model or strategy
         return _fail(str(exc))
-    if result.stopped_reason:
-        console.print(f"[yellow]{result.stopped_reason}[/yellow]")
     _print_summary(console, result)
+    if result.stopped_reason:  # the last line says why the run ended early
+        console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
+        return EXIT_BUDGET
     return 0
 
 

@@ -111,7 +111,7 @@ def main(grid: Grid, context: Context) -> None:
         )
 
     writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
-    writer.write_text("config.toml", scenario_to_toml(scenario))
+    writer.begin(scenario_to_toml(scenario))
     writer.write_json("data.json", data.describe())
     log(INFO, "run directory (on the server): %s", writer.path)
 

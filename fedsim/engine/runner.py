@@ -59,7 +59,7 @@ def run_scenario(
     own_engine = engine is None
     try:
         if writer:
-            writer.write_text("config.toml", scenario_to_toml(scenario))
+            writer.begin(scenario_to_toml(scenario))
         if own_engine and scenario.engine.name == "flower":
             flower = FlowerEngine(
                 num_cpus_per_client=scenario.engine.num_cpus_per_worker,

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .provenance import provenance
+
 
 def _clean(value: Any) -> Any:
     """JSON without NaN/inf (written as null) and with numpy scalars as Python numbers."""
@@ -48,6 +50,12 @@ class RunWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+
+    def begin(self, config_toml: str) -> None:
+        """What a run directory holds before its first round: ``provenance.json`` (the code and library
+        versions that ran) and ``config.toml`` (the resolved scenario)."""
+        self.write_json("provenance.json", provenance())
+        self.write_text("config.toml", config_toml)
 
     def write_json(self, name: str, obj: Any) -> Path:
         target = self.path / name
