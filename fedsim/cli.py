@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from fedsim.env import set_offline_defaults
@@ -48,11 +49,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fedsim.scenarios import ScenarioError, load_scenario
 
-    try:
-        scenario = load_scenario(args.scenario, args.set)
-    except ScenarioError as exc:
-        return _fail(str(exc))
-    from fedsim.engine.runner import run_scenario
+    if args.resume is not None:
+        if args.scenario is not None or args.set or args.out is not None:
+            return _fail(
+                "--resume RUN_DIR continues that run with its own config.toml: give no scenario, --set or --out"
+            )
+        try:
+            scenario = load_scenario(str(Path(args.resume) / "config.toml"))
+        except ScenarioError as exc:
+            return _fail(f"--resume {args.resume}: {exc}")
+    elif args.scenario is None:
+        return _fail("fedsim run needs a scenario (a shipped name or a .toml path), or --resume RUN_DIR")
+    else:
+        try:
+            scenario = load_scenario(args.scenario, args.set)
+        except ScenarioError as exc:
+            return _fail(str(exc))
+    from fedsim.engine.runner import resume_run, run_scenario
     from fedsim.report.rows import format_row
 
     console = Console(highlight=False, soft_wrap=True)
@@ -70,11 +83,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def on_row(row: dict[str, Any]) -> None:
         progress.console.print(format_row(row, scenario.rounds))
-        progress.update(task, advance=1, description=f"round {row['round']}")
+        progress.update(task, completed=row["round"], description=f"round {row['round']}")
 
     try:
         with progress:
-            result = run_scenario(scenario, args.out, on_row=on_row)
+            if args.resume is not None:
+                result = resume_run(args.resume, on_row=on_row)
+            else:
+                result = run_scenario(scenario, args.out, on_row=on_row)
     except ValueError as exc:  # invalid combination found while building data, model or strategy
         return _fail(str(exc))
     _print_summary(console, result)
@@ -134,8 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a scenario end to end")
-    run.add_argument("scenario", help="a shipped scenario name (see `fedsim scenarios`) or a .toml path")
+    run = sub.add_parser(
+        "run",
+        help="run a scenario end to end",
+        epilog="exit codes: 0 done; 2 bad input; 3 stopped by privacy.max_epsilon before the round that would "
+        "exceed it (finished rounds are written); 130 interrupted",
+    )
+    run.add_argument(
+        "scenario", nargs="?", help="a shipped scenario name (see `fedsim scenarios`) or a .toml path"
+    )
     run.add_argument(
         "--set",
         action="append",
@@ -145,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", default=None, help="run directory (default: a fresh runs/<time>-<name>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a killed run from its checkpoint (engine.checkpoint_every), to the same result",
+    )
     run.set_defaults(func=cmd_run)
 
     sc = sub.add_parser("scenarios", help="list the shipped scenarios")

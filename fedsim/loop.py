@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.experiment import Experiment
+from fedsim.report.checkpoint import Checkpoint, write_checkpoint
 from fedsim.report.rows import (
     NON_PRIVATE,
     evaluation_columns,
@@ -74,6 +75,8 @@ def run_rounds(
     server_eval: bool = True,
     available: Callable[[int], Any] | None = None,
     timings: dict[str, float] | None = None,
+    resume: Checkpoint | None = None,
+    prior_rows: list[dict[str, Any]] | None = None,
 ) -> RunResult:
     """Run ``exp.scenario.rounds`` rounds of ``exp.strategy`` on ``engine``; write rows, the ledger and the summary.
 
@@ -81,6 +84,11 @@ def run_rounds(
     simulation; a deployment asks for them explicitly). ``server_eval``: evaluate the held-out clients.
     ``available(t)``: the client ids round t samples from (default: the experiment's training clients).
     The engine is not closed here.
+
+    With a writer and ``engine.checkpoint_every = k > 0``, a checkpoint (:mod:`fedsim.report.checkpoint`) is
+    written after every k-th round, once that round's row is written; the final model goes to ``model.npz``.
+    ``resume``: continue from a checkpoint (its strategy state is loaded, rounds start after its round);
+    ``prior_rows``: the rows written up to it, which the summary counts.
     """
     t0 = time.perf_counter()
     scenario, strategy, data = exp.scenario, exp.strategy, exp.data
@@ -89,7 +97,12 @@ def run_rounds(
     delta, rounds = scenario.privacy.delta, scenario.rounds
     bounds = paper_bounds(strategy, population, rounds, delta)
     weights = exp.initial_weights
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = list(prior_rows or [])
+    first = 1
+    if resume is not None:
+        strategy.load_state_dict(resume.strategy)
+        weights, first = np.asarray(resume.weights, dtype=np.float64), resume.round + 1
+    every = int(scenario.engine.checkpoint_every) if writer and writer.config_toml is not None else 0
     timings = dict(timings or {})
     stopped: str | None = None
     accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
@@ -119,7 +132,7 @@ def run_rounds(
 
     t_rounds = time.perf_counter()
     try:
-        for t in range(1, rounds + 1):
+        for t in range(first, rounds + 1):
             if scenario.privacy.max_epsilon is not None:
                 settle()
             try:
@@ -155,6 +168,9 @@ def run_rounds(
                 elif held is not None:  # held-out clients only: data the server owns, never trained on
                     merge_columns(row, evaluation_columns(data, None, held))
             diag["round_time_s"] = time.perf_counter() - t_round
+            if every and t % every == 0 and t < rounds:
+                settle()  # row t is written before the checkpoint that says it is
+                write_checkpoint(writer.path, t, weights, strategy.state_dict(), writer.config_toml)
         settle()
     finally:
         if pending is not None:  # an error in round t+1 must not cost round t its row
@@ -170,6 +186,7 @@ def run_rounds(
         result = RunResult(writer.path if writer else None, rows, weights, strategy, stopped, timings)
         if writer:
             writer.close()
+            writer.write_weights("model.npz", weights)
             writer.write_json("ledger.json", strategy.ledger.to_dict())
             writer.write_json("summary.json", summary(scenario, rows, strategy, stopped, timings, population))
     return result

@@ -233,6 +233,11 @@ class EngineConfig(_Section):
         "loop), or one of 'per-layer', 'vmap', 'loop'; true means 'auto', false 'loop'",
     )
     eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        description="write checkpoint.npz every N rounds (fedsim run --resume continues from it); 0: never",
+    )
 
 
 class Scenario(_Section):

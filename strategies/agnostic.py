@@ -113,6 +113,15 @@ class DPAgnosticFedAvg(DPFedAvg):
             self.lam = lam
         self._domain_sizes: np.ndarray | None = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`DPFedAvg.state_dict` and the mixture weights lambda."""
+        return {**super().state_dict(), "lambda": None if self.lam is None else self.lam.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        lam = state.get("lambda")
+        self.lam = None if lam is None else np.asarray(lam, dtype=np.float64)
+
     def domain(self, client: int) -> int:
         d = int(self._domain_of(int(client)))
         if not 0 <= d < self.num_domains:

@@ -268,6 +268,15 @@ class DPFedAvg(Strategy):
             "ledger": self.ledger.to_dict(),
         }
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (a checkpoint): the next round is the one after the ledger's last,
+        with the same cohorts, noise, clip and server-optimizer state as an uninterrupted run."""
+        self.sampler.load_state_dict(state["sampler"])
+        self.noise.load_state_dict(state["noise"])
+        self.clip = float(state["clip"])
+        self.server_optimizer.load_state_dict(state["server_optimizer"])
+        self.ledger = Ledger.from_dict(state["ledger"])
+
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
         return (

@@ -44,3 +44,8 @@ class ServerOptimizer:
 
     def state_dict(self) -> dict:
         return {"m": self._m, "v": self._v}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s moments (``None``: not started)."""
+        self._m = None if state.get("m") is None else np.asarray(state["m"], dtype=np.float64).copy()
+        self._v = None if state.get("v") is None else np.asarray(state["v"], dtype=np.float64).copy()

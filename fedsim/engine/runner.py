@@ -4,6 +4,7 @@ loop (:func:`fedsim.loop.run_rounds`), write the run directory.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Any
 
 from fedsim.experiment import build_experiment
 from fedsim.loop import Engine, RunResult, run_rounds
-from fedsim.report.rundir import RunWriter, new_run_dir
-from fedsim.scenarios import Scenario, scenario_to_toml
+from fedsim.report.checkpoint import CheckpointError, read_checkpoint
+from fedsim.report.rundir import RunWriter, new_run_dir, read_rows
+from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
 
 from .flower_engine import FlowerEngine
 from .ray_engine import LocalEngine, RayEngine
@@ -78,3 +80,71 @@ def run_scenario(
             engine.close()
         if writer:
             writer.close()
+
+
+def resume_run(
+    run_dir: str | Path,
+    *,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    engine: Engine | None = None,
+) -> RunResult:
+    """Continue the run in ``run_dir`` from its checkpoint, to the same end as a run never interrupted.
+
+    Everything is checked before anything is changed: the config, the checkpoint (readable, written for this
+    config) and the rows it says were written. Then the rows after the checkpoint (rounds that ran after it and
+    will run again) are dropped from ``metrics.jsonl``, and the rounds after it run with the same cohorts, noise
+    and training as the first time; the ledger continues from the checkpoint's, so no round is counted twice.
+    """
+    path = Path(run_dir)
+    config = path / "config.toml"
+    if not config.is_file():
+        raise CheckpointError(f"{path} is not a run directory (no config.toml)")
+    config_toml = config.read_text()
+    ckpt = read_checkpoint(path, config_toml)
+    try:
+        scenario = load_scenario(str(config))
+    except ScenarioError as exc:
+        raise CheckpointError(f"{config} no longer loads: {exc}") from None
+    if scenario.engine.name == "flower":
+        raise CheckpointError(
+            "--resume continues runs of engine.name 'ray' or 'local'; this run used 'flower'"
+        )
+    metrics = path / "metrics.jsonl"
+    try:
+        rows = read_rows(path) if metrics.is_file() else []
+    except ValueError as exc:  # a line cut short by the kill is after the checkpoint's rows, or it is corrupt
+        lines = metrics.read_text().splitlines()
+        try:
+            rows = [json.loads(x) for x in lines[: ckpt.round]]
+        except ValueError:
+            raise CheckpointError(f"{metrics} is corrupt before round {ckpt.round} ({exc})") from None
+    if len(rows) < ckpt.round or [r.get("round") for r in rows[: ckpt.round]] != list(
+        range(1, ckpt.round + 1)
+    ):
+        raise CheckpointError(
+            f"{metrics} holds {len(rows)} rows but the checkpoint is of round {ckpt.round}; nothing was changed"
+        )
+    rows = rows[: ckpt.round]
+    t0 = time.perf_counter()
+    exp = build_experiment(scenario)
+    if ckpt.weights.shape != exp.initial_weights.shape:
+        raise CheckpointError(
+            f"the checkpoint's model has {ckpt.weights.size} parameters, the scenario's {exp.initial_weights.size}"
+        )
+    # from here on the run directory changes: drop the rows that will be computed again
+    tmp = metrics.with_name(metrics.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(metrics)
+    writer = RunWriter(path)
+    own_engine = engine is None
+    try:
+        t_engine = time.perf_counter()
+        engine = engine or build_engine(scenario, exp.data, exp.settings)
+        timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
+        return run_rounds(
+            exp, engine, writer=writer, on_row=on_row, timings=timings, resume=ckpt, prior_rows=rows
+        )
+    finally:
+        if own_engine and engine is not None:
+            engine.close()
+        writer.close()

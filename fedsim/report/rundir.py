@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .provenance import provenance
 
 
@@ -50,17 +52,30 @@ class RunWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+        config = path / "config.toml"
+        #: the run's config.toml as written (checkpoints carry its digest)
+        self.config_toml: str | None = config.read_text() if config.is_file() else None
 
     def begin(self, config_toml: str) -> None:
         """What a run directory holds before its first round: ``provenance.json`` (the code and library
         versions that ran) and ``config.toml`` (the resolved scenario)."""
         self.write_json("provenance.json", provenance())
         self.write_text("config.toml", config_toml)
+        self.config_toml = config_toml
 
     def write_json(self, name: str, obj: Any) -> Path:
         target = self.path / name
         tmp = target.with_suffix(target.suffix + ".tmp")
         tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+        tmp.replace(target)
+        return target
+
+    def write_weights(self, name: str, weights: Any) -> Path:
+        """The model as a flat float64 vector (``np.load(path)["weights"]``), written atomically."""
+        target = self.path / name
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, weights=np.asarray(weights, dtype=np.float64))
         tmp.replace(target)
         return target
 

@@ -118,7 +118,7 @@ _CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
 def _conv(m: nn.Conv1d, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
     """One grouped convolution: the K clients' inputs side by side as channel groups ``[B, K*C, ...]``. (An
     im2col rule with batched matrix products and the backward written out measured 1.7-1.9x slower than this
-    on the CPU, for cnn1d and cnn2d with 100 clients of batch 16.)"""
+    on the CPU, for small 1-D and 2-D CNNs with 100 clients of batch 16.)"""
     w, b = p["weight"], p.get("bias")
     n, c, spatial = x.shape[0] // k, x.shape[1], x.shape[2:]
     xg = x.reshape(k, n, c, *spatial).transpose(0, 1).reshape(n, k * c, *spatial)
