@@ -25,7 +25,7 @@ from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_upd
 
 from .layers import DropoutMasks, client_dropout, dropout_layers
 from .shuffle import client_orders
-from .vectorized import Path, choose_path, train_vectorized, train_vectorized_chunks
+from .vectorized import TrainingPath, choose_path, train_vectorized, train_vectorized_chunks
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class ClientTrainer:
         self.loss = resolve_loss(settings.loss)
         self.has_dropout = bool(dropout_layers(self.model))
         #: how cohorts are trained: per-layer, vmap or loop (the first that agrees with the model run alone)
-        self.path: Path = choose_path(
+        self.path: TrainingPath = choose_path(
             self.model, self.input_shape, data.num_classes, self.loss, self.device, settings.vectorize
         )
         for reason in self.path.fallbacks:

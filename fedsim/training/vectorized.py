@@ -64,7 +64,7 @@ Step = Callable[..., tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
 @dataclass(frozen=True)
-class Path:
+class TrainingPath:
     """How a trainer trains its cohorts: ``name`` (one of :data:`PATHS`), the vectorised ``step`` (``None``
     for the loop), why faster paths were not taken, and the activation floats per example the probe saw."""
 
@@ -191,13 +191,13 @@ def choose_path(
     loss: Callable[..., torch.Tensor],
     device: torch.device,
     requested: str = "auto",
-) -> Path:
+) -> TrainingPath:
     """The first path of :data:`PATHS` (from ``requested`` on; ``auto`` tries all) that trains ``model`` with
     per-client gradients equal to the model run alone on each client. Asking for ``per-layer`` or ``vmap``
     explicitly raises a ``ValueError`` with the reason when that path cannot train the model."""
     requested = check_vectorize(requested)
     if requested == "loop":
-        return Path("loop", None)
+        return TrainingPath("loop", None)
     acts = _activations_per_example(model, input_shape, device)
     was_training = model.training
     fallbacks: list[str] = []
@@ -207,7 +207,7 @@ def choose_path(
                 model.train()
                 step = _per_layer_step(StackedModel(model), loss)
                 _probe(step, model, input_shape, num_classes, loss, device)
-                return Path("per-layer", step, (), acts)
+                return TrainingPath("per-layer", step, (), acts)
             except Unsupported as exc:
                 if requested == "per-layer":
                     raise ValueError(f"engine.vectorize='per-layer' cannot train this model: {exc}") from None
@@ -217,12 +217,12 @@ def choose_path(
             model.train(not dropout_layers(model))
             step = _vmap_step(model, loss)
             _probe(step, model, input_shape, num_classes, loss, device)
-            return Path("vmap", step, tuple(fallbacks), acts)
+            return TrainingPath("vmap", step, tuple(fallbacks), acts)
         except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
             if requested == "vmap":
                 raise ValueError(f"engine.vectorize='vmap' cannot train this model: {exc}") from None
             fallbacks.append(f"vmap: {type(exc).__name__}: {exc}")
-        return Path("loop", None, tuple(fallbacks), acts)
+        return TrainingPath("loop", None, tuple(fallbacks), acts)
     finally:
         model.train(was_training)
 
@@ -286,7 +286,7 @@ def _train_chunk(
 ) -> tuple[torch.Tensor, list[dict[str, Any]]]:
     """Train clients ``cids`` (sorted by steps, most first) together; returns updates ``[K, dim]`` and metrics."""
     s = trainer.settings
-    path: Path = trainer.path
+    path: TrainingPath = trainer.path
     device = trainer.device
     bsz = int(s.batch_size)
     k = len(cids)
