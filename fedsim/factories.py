@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import numbers
 import re
 from collections.abc import Callable, Sequence
@@ -195,8 +194,3 @@ def per_example(
             "example (e.g. F.cross_entropy(..., reduction='none')); fedsim averages them"
         )
     return out
-
-
-def loss_bound_default(num_classes: int) -> float:
-    """The bound agnostic FL clips per-example losses to: ``log(num_classes)`` (chance-level cross-entropy)."""
-    return math.log(max(2, int(num_classes)))
