@@ -90,17 +90,16 @@ def resolve(spec: Any, what: str) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- models
-def check_shape(input_shape: Any) -> tuple[int, ...]:
-    """``input_shape`` as a tuple of positive ints (an int ``d`` is ``(d,)``)."""
-    if isinstance(input_shape, numbers.Integral) and not isinstance(input_shape, bool):
-        input_shape = (int(input_shape),)
-    ok = isinstance(input_shape, Sequence) and not isinstance(input_shape, str) and len(input_shape) > 0
-    ok = ok and all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in input_shape
-    )
+def positive_ints(option: str, value: Any, *, allow_empty: bool = False) -> tuple[int, ...]:
+    """``value`` (an int ``d`` or a sequence of ints) as a tuple of positive ints; a ``ValueError`` naming
+    ``option`` otherwise. Input shapes and the shipped models' widths are checked by it."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value,)
+    ok = isinstance(value, Sequence) and not isinstance(value, str) and (allow_empty or len(value) > 0)
+    ok = ok and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in value)
     if not ok:
-        raise ValueError(f"invalid input_shape={input_shape!r}: allowed a tuple of positive integers")
-    return tuple(int(v) for v in input_shape)
+        raise ValueError(f"invalid {option}={value!r}: allowed a list of positive integers")
+    return tuple(int(v) for v in value)
 
 
 def factory_options(factory: Callable[..., Any]) -> tuple[list[str], bool]:
@@ -123,7 +122,7 @@ def build_model(
 ) -> nn.Module:
     """Call the model factory and check what it returns (an ``nn.Module`` fedsim can train privately)."""
     fn = resolve(factory, "model.factory")
-    shape = check_shape(input_shape)
+    shape = positive_ints("input_shape", input_shape)
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
         raise ValueError(f"invalid num_classes={num_classes!r}: allowed a positive integer")
     options = dict(options or {})

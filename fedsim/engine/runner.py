@@ -58,11 +58,10 @@ def run_scenario(
     t0 = time.perf_counter()
     run_dir = new_run_dir(scenario.name, out, runs_root) if write else None  # refuse a used --out first
     writer = RunWriter(run_dir) if run_dir else None
-    own_engine = engine is None
     try:
         if writer:
             writer.begin(scenario_to_toml(scenario))
-        if own_engine and scenario.engine.name == "flower":
+        if engine is None and scenario.engine.name == "flower":
             flower = FlowerEngine(
                 num_cpus_per_client=scenario.engine.num_cpus_per_worker,
                 num_gpus_per_client=scenario.engine.num_gpus_per_worker,
@@ -71,15 +70,30 @@ def run_scenario(
         exp = build_experiment(scenario)
         if writer:
             writer.write_json("data.json", exp.data.describe())
-        t_engine = time.perf_counter()
-        engine = engine or build_engine(scenario, exp.data, exp.settings)
-        timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
-        return run_rounds(exp, engine, writer=writer, on_row=on_row, timings=timings)
+        return _run_on_engine(exp, engine, writer, on_row, t0)
     finally:
-        if own_engine and engine is not None:
-            engine.close()
         if writer:
             writer.close()
+
+
+def _run_on_engine(
+    exp: Any,
+    engine: Engine | None,
+    writer: RunWriter | None,
+    on_row: Callable[[dict[str, Any]], None] | None,
+    t0: float,
+    **kwargs: Any,
+) -> RunResult:
+    """Start the scenario's engine unless one is given, run the rounds, close the engine it started."""
+    own = engine is None
+    t_engine = time.perf_counter()
+    try:
+        engine = engine or build_engine(exp.scenario, exp.data, exp.settings)
+        timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
+        return run_rounds(exp, engine, writer=writer, on_row=on_row, timings=timings, **kwargs)
+    finally:
+        if own and engine is not None:
+            engine.close()
 
 
 def resume_run(
@@ -132,19 +146,9 @@ def resume_run(
             f"the checkpoint's model has {ckpt.weights.size} parameters, the scenario's {exp.initial_weights.size}"
         )
     # from here on the run directory changes: drop the rows that will be computed again
-    tmp = metrics.with_name(metrics.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(metrics)
     writer = RunWriter(path)
-    own_engine = engine is None
     try:
-        t_engine = time.perf_counter()
-        engine = engine or build_engine(scenario, exp.data, exp.settings)
-        timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
-        return run_rounds(
-            exp, engine, writer=writer, on_row=on_row, timings=timings, resume=ckpt, prior_rows=rows
-        )
+        writer.replace_rows(rows)
+        return _run_on_engine(exp, engine, writer, on_row, t0, resume=ckpt, prior_rows=rows)
     finally:
-        if own_engine and engine is not None:
-            engine.close()
         writer.close()

@@ -16,18 +16,9 @@ from typing import Any
 from torch import nn
 
 from fedsim.factories import build_model as _build
+from fedsim.factories import positive_ints
 
 __all__ = ["MODELS", "MODEL_FACTORIES", "build_model", "cnn1d", "cnn2d", "logreg", "mlp", "num_parameters"]
-
-
-def _positive_ints(option: str, value: Any, *, allow_empty: bool) -> tuple[int, ...]:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (value,)
-    ok = isinstance(value, Sequence) and not isinstance(value, str) and (allow_empty or len(value) > 0)
-    ok = ok and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in value)
-    if not ok:
-        raise ValueError(f"invalid model.{option}={value!r}: allowed a list of positive integers")
-    return tuple(int(v) for v in value)
 
 
 def _positive_int(option: str, value: Any) -> int:
@@ -41,7 +32,7 @@ def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (1
     regression."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
-    for h in _positive_ints("hidden", hidden, allow_empty=True):
+    for h in positive_ints("model.hidden", hidden, allow_empty=True):
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     layers.append(nn.Linear(width, num_classes))
@@ -65,7 +56,7 @@ def cnn1d(
 ) -> nn.Module:
     """Small 1-D CNN: the input as one channel (``[n, 1, prod(input_shape)]``), two stride-2 Conv1d+ReLU
     layers, a linear head. With MNIST-1D (40 features) and the defaults it has about 5.9k parameters."""
-    c = _positive_ints("channels", channels, allow_empty=False)
+    c = positive_ints("model.channels", channels)
     if len(c) != 2:
         raise ValueError(f"invalid model.channels={tuple(channels)!r}: allowed two positive integers")
     k = _positive_int("kernel_size", kernel_size)
@@ -105,7 +96,7 @@ def cnn2d(
             f"invalid input_shape={tuple(input_shape)}: cnn2d takes images (channels, height, width); "
             "for flat features use mlp or cnn1d"
         )
-    c = _positive_ints("channels", channels, allow_empty=False)
+    c = positive_ints("model.channels", channels)
     k = _positive_int("kernel_size", kernel_size)
     g = _positive_int("groups", groups)
     for width in c:

@@ -29,6 +29,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _row_line(row: dict[str, Any]) -> str:
+    """One row of ``metrics.jsonl``."""
+    return json.dumps(_clean(row)) + "\n"
+
+
 def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") -> Path:
     """``out`` if given (it must not already hold a run), else a fresh ``runs/<timestamp>-<name>``."""
     if out is not None:
@@ -85,8 +90,18 @@ class RunWriter:
         return target
 
     def append_row(self, row: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(_clean(row)) + "\n")
+        self._metrics.write(_row_line(row))
         self._metrics.flush()
+
+    def replace_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Make ``metrics.jsonl`` exactly ``rows`` (atomically: a resumed run drops the rows after its
+        checkpoint); later rows are appended after them."""
+        self._metrics.close()
+        target = self.path / "metrics.jsonl"
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text("".join(_row_line(r) for r in rows), encoding="utf-8")
+        tmp.replace(target)
+        self._metrics = open(target, "a", encoding="utf-8")  # noqa: SIM115 - open for the whole run
 
     def close(self) -> None:
         if not self._metrics.closed:
