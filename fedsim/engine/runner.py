@@ -108,6 +108,7 @@ def resume_run(
     config) and the rows it says were written. Then the rows after the checkpoint (rounds that ran after it and
     will run again) are dropped from ``metrics.jsonl``, and the rounds after it run with the same cohorts, noise
     and training as the first time; the ledger continues from the checkpoint's, so no round is counted twice.
+    Only seeded runs can be resumed: with the operating system's entropy, rounds run again would be new releases.
     """
     path = Path(run_dir)
     config = path / "config.toml"
@@ -122,6 +123,15 @@ def resume_run(
     if scenario.engine.name == "flower":
         raise CheckpointError(
             "--resume continues runs of engine.name 'ray' or 'local'; this run used 'flower'"
+        )
+    if scenario.privacy.randomness != "seeded":
+        # the rounds after the checkpoint were released already, with noise that cannot be drawn again: running
+        # them again would release a second, independent noising of the same clients that the ledger, which
+        # counts each round once, would not account
+        raise CheckpointError(
+            f"--resume needs privacy.randomness = 'seeded'; this run drew its cohorts and noise from "
+            f"{scenario.privacy.randomness!r}, so the rounds after the checkpoint cannot be run again with the "
+            "same noise, and new noise would release more than the ledger accounts; nothing was changed"
         )
     metrics = path / "metrics.jsonl"
     try:

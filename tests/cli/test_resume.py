@@ -90,7 +90,7 @@ def test_a_killed_run_resumes_to_the_same_result(tmp_path):
     )
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "other-config"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other-config", "os-entropy"])
 def test_a_bad_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path, capsys, damage):
     out = tmp_path / "run"
     assert main([*_args(out), "--set", "rounds=7"]) == 0  # checkpoints after rounds 3 and 6
