@@ -117,6 +117,19 @@ def factory_options(factory: Callable[..., Any]) -> tuple[list[str], bool]:
     return names, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def check_options(factory: Factory, options: dict[str, Any]) -> None:
+    """Refuse an option the factory does not take (unless it takes ``**kwargs``), naming what it takes."""
+    accepted, any_key = factory_options(resolve(factory, "model.factory"))
+    if any_key:
+        return
+    for key, value in options.items():
+        if key not in accepted:
+            raise ValueError(
+                f"invalid model.{key}={value!r}: the model factory {describe(factory)!r} takes "
+                + (", ".join(accepted) if accepted else "no options")
+            )
+
+
 def build_model(
     factory: Factory, input_shape: Any, num_classes: int, options: dict[str, Any] | None = None
 ) -> nn.Module:
@@ -126,14 +139,7 @@ def build_model(
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
         raise ValueError(f"invalid num_classes={num_classes!r}: allowed a positive integer")
     options = dict(options or {})
-    accepted, any_key = factory_options(fn)
-    if not any_key:
-        for key, value in options.items():
-            if key not in accepted:
-                raise ValueError(
-                    f"invalid model.{key}={value!r}: the model factory {describe(factory)!r} takes "
-                    + (", ".join(accepted) if accepted else "no options")
-                )
+    check_options(factory, options)
     model = fn(shape, int(num_classes), **options)
     if not isinstance(model, nn.Module):
         raise ValueError(

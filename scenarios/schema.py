@@ -145,15 +145,7 @@ class ModelConfig(BaseModel):
         if isinstance(self.factory, str) and not factories.is_reference(self.factory):
             raise ValueError(f"model.factory={self.factory!r}: allowed 'package.module:function'")
         # import what is named now, so that a typo fails at load time rather than on a worker
-        fn = factories.resolve(self.reference(), "model.factory")
-        accepted, any_key = factories.factory_options(fn)
-        for key in self.options():
-            if not any_key and key not in accepted:
-                raise ValueError(
-                    f"unknown key model.{key}: the factory {factories.describe(self.reference())!r} takes "
-                    + (", ".join(accepted) if accepted else "no options")
-                    + " (besides name, factory and loss)"
-                )
+        factories.check_options(self.reference(), self.options())
         factories.resolve_loss(self.loss)
         return self
 

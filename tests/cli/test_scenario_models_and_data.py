@@ -25,7 +25,7 @@ def tiny_linear(input_shape, num_classes, scale: float = 1.0):
         (["model.factory=user_models:mlp"], "give model.name (a shipped model) or model.factory, not both"),
         (
             ["model.hidden=[8]", "model.name=cnn2d"],
-            "unknown key model.hidden: the factory 'fedsim.models.registry:cnn2d' takes channels, kernel_size, groups",
+            "invalid model.hidden=[8]: the model factory 'fedsim.models.registry:cnn2d' takes channels, kernel_size, groups",
         ),
         (
             ["model.name=none", "model.factory=user_models:nothing"],
