@@ -10,7 +10,8 @@ The function is called with the keywords it accepts among ``num_clients`` and ``
   ``num_classes`` defaults to ``max(y) + 1``;
 * arrays alone, ``{"x", "y"}`` or ``(x, y)``: the scenario's partitioner (flwr-datasets) splits them.
 
-fedsim then draws the held-out clients and domains as for the shipped datasets.
+fedsim then draws the held-out clients and domains as for the shipped datasets. The function must return the
+same data for the same arguments: Flower's workers, each SuperNode and the server call it in their own processes.
 """
 
 from __future__ import annotations
