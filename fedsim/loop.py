@@ -85,8 +85,9 @@ def run_rounds(
     ``available(t)``: the client ids round t samples from (default: the experiment's training clients).
     The engine is not closed here.
 
-    With a writer and ``engine.checkpoint_every = k > 0``, a checkpoint (:mod:`fedsim.report.checkpoint`) is
-    written after every k-th round, once that round's row is written; the final model goes to ``model.npz``.
+    With a writer, a seeded strategy and ``engine.checkpoint_every = k > 0``, a checkpoint
+    (:mod:`fedsim.report.checkpoint`) is written after every k-th round, once that round's row is written; the
+    final model goes to ``model.npz``.
     ``resume``: continue from a checkpoint (its strategy state is loaded, rounds start after its round);
     ``prior_rows``: the rows written up to it, which the summary counts.
     """
@@ -102,7 +103,10 @@ def run_rounds(
     if resume is not None:
         strategy.load_state_dict(resume.strategy)
         weights, first = np.asarray(resume.weights, dtype=np.float64), resume.round + 1
-    every = int(scenario.engine.checkpoint_every) if writer and writer.config_toml is not None else 0
+    # only a seeded run can be continued (fedsim.engine.runner.resume_run): a checkpoint of one that draws from the
+    # operating system (every deployment) could never be used
+    resumable = writer is not None and writer.config_toml is not None and strategy.randomness == "seeded"
+    every = int(scenario.engine.checkpoint_every) if resumable else 0
     timings = dict(timings or {})
     stopped: str | None = None
     accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")

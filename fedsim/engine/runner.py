@@ -115,7 +115,6 @@ def resume_run(
     if not config.is_file():
         raise CheckpointError(f"{path} is not a run directory (no config.toml)")
     config_toml = config.read_text()
-    ckpt = read_checkpoint(path, config_toml)
     try:
         scenario = load_scenario(str(config))
     except ScenarioError as exc:
@@ -133,6 +132,7 @@ def resume_run(
             f"{scenario.privacy.randomness!r}, so the rounds after the checkpoint cannot be run again with the "
             "same noise, and new noise would release more than the ledger accounts; nothing was changed"
         )
+    ckpt = read_checkpoint(path, config_toml)
     metrics = path / "metrics.jsonl"
     try:
         rows = read_rows(path) if metrics.is_file() else []

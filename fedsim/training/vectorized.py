@@ -303,11 +303,13 @@ def _train_chunk(
     y_all = torch.cat([y for _, y in tensors])
     idx, mask, count, max_steps = _batch_plan(trainer, server_round, cids, sizes, offsets)
     idx, mask, count = idx.to(device), mask.to(device), count.to(device)
-    real = count.to(torch.int64).cpu()  # real examples per (epoch, step, client), for the dropout masks
     steps = torch.tensor([math.ceil(n / bsz) for n in sizes])
     # number of clients still training at step t (clients are sorted by steps, descending)
     active = [int((steps > t).sum()) for t in range(max_steps)]
-    masks = DropoutMasks.for_clients(s.seed, server_round, cids, device) if trainer.has_dropout else None
+    masks = real = None
+    if trainer.has_dropout:  # each client's masks, drawn for its real examples per (epoch, step)
+        masks = DropoutMasks.for_clients(s.seed, server_round, cids, device)
+        real = count.to(torch.int64).cpu()
 
     # stacked parameters [K, *shape], in the order of trainer.params
     params: dict[str, torch.Tensor] = {}
