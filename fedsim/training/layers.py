@@ -18,9 +18,10 @@ the rules here are registered per layer type (:func:`register`), found by walkin
 
 Code in a model's ``forward`` between layers (``x.flatten(1)``, ``torch.relu``, a residual ``+``) runs on
 the ``K * B`` batch too, which is right for anything that treats examples independently. Something that mixes
-examples (``x - x.mean(0)``) would mix clients, so a path is only used after :func:`check_stacked` has run it
-on two clients with different parameters and inputs and found each client's outputs and gradients equal to
-those of the model run on that client alone. Anything else falls back to ``torch.func.vmap``
+examples (``x - x.mean(0)``) would mix clients, so a path is only used after :func:`check_agreement` has run
+it on two clients with different parameters and inputs, one with a padded batch, and found each client's loss
+and gradients equal to those of the model run on that client's real examples alone. Anything else falls back
+to ``torch.func.vmap``
 (:mod:`fedsim.training.vectorized`), then to the per-client loop.
 """
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,14 +292,10 @@ class StackedModel:
 
     @contextlib.contextmanager
     def _bind(self, params: dict[str, torch.Tensor], k: int, masks: Any) -> Iterator[None]:
-        try:
-            for b in self.bound:
-                local = {n: params[full] for n, full in b.names.items()}
-                b.module.forward = functools.partial(b.rule, b.module, local, k, masks)
+        with _rebound(
+            (b.module, b.rule, {n: params[full] for n, full in b.names.items()}, k, masks) for b in self.bound
+        ):
             yield
-        finally:
-            for b in self.bound:
-                b.module.__dict__.pop("forward", None)
 
     def forward(
         self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: DropoutMasks | None
@@ -322,15 +319,25 @@ def dropout_layers(model: nn.Module) -> list[nn.Module]:
 @contextlib.contextmanager
 def client_dropout(model: nn.Module, masks: DropoutMasks | None) -> Iterator[None]:
     """One client's forward with its Dropout layers drawing from ``masks`` (the per-client loop and the
-    reference of :func:`check_stacked`); a no-op for a model without Dropout."""
-    layers = dropout_layers(model)
+    reference of :func:`check_agreement`); a no-op for a model without Dropout."""
+    with _rebound((m, _dropout, {}, 1, masks) for m in dropout_layers(model)):
+        yield
+
+
+@contextlib.contextmanager
+def _rebound(bindings: Iterable[tuple[nn.Module, Rule, dict[str, torch.Tensor], int, Any]]) -> Iterator[None]:
+    """For the duration, each ``(module, rule, params, k, masks)``'s module runs ``rule(module, params, k,
+    masks, x)`` as its forward (an instance attribute over the class's method, so hooks still run); restored
+    on the way out, whatever happens."""
+    modules: list[nn.Module] = []
     try:
-        for m in layers:
-            m.forward = functools.partial(_dropout, m, {}, 1, masks)
+        for module, rule, params, k, masks in bindings:
+            module.forward = functools.partial(rule, module, params, k, masks)
+            modules.append(module)
         yield
     finally:
-        for m in layers:
-            m.__dict__.pop("forward", None)
+        for module in modules:
+            module.__dict__.pop("forward", None)
 
 
 # --------------------------------------------------------------------------- the probe
