@@ -6,7 +6,8 @@
 
 Exit codes: 0 done; 2 bad input, with a one-line (or one-block) message naming what was wrong and no traceback;
 3 stopped by the privacy budget (``privacy.max_epsilon``) before the round that would have exceeded it, every
-finished round written; 130 interrupted.
+finished round written; 4 stopped because more than ``engine.max_failed_fraction`` of a round's sampled clients
+failed (that round not released, every earlier round written); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ EXIT_USAGE = 2
 EXIT_BUDGET = (
     3  # privacy.max_epsilon stopped the run before a round would exceed it (rows so far are written)
 )
+#: more than engine.max_failed_fraction of a round's cohort failed: that round was not released (rows so far written)
+EXIT_FAILURES = 4
 
 
 def _fail(message: str) -> int:
@@ -94,9 +97,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # invalid combination found while building data, model or strategy
         return _fail(str(exc))
     _print_summary(console, result)
-    if result.stopped_reason:  # the last line says why the run ended early
+    if result.stopped_by == "budget":  # the last line says why the run ended early
         console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
         return EXIT_BUDGET
+    if result.stopped_by == "failures":
+        console.print(f"[red]failures: {result.stopped_reason}[/red]")
+        return EXIT_FAILURES
     return 0
 
 
@@ -154,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a scenario end to end",
         epilog="exit codes: 0 done; 2 bad input; 3 stopped by privacy.max_epsilon before the round that would "
-        "exceed it (finished rounds are written); 130 interrupted",
+        "exceed it (finished rounds are written); 4 stopped because more than engine.max_failed_fraction of a "
+        "round's clients failed (that round is not released; earlier rounds are written); 130 interrupted",
     )
     run.add_argument(
         "scenario", nargs="?", help="a shipped scenario name (see `fedsim scenarios`) or a .toml path"

@@ -63,6 +63,9 @@ class RunResult:
     strategy: DPFedAvg
     stopped_reason: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: why the run stopped early: ``"budget"`` (``privacy.max_epsilon``) or ``"failures"`` (more than
+    #: ``engine.max_failed_fraction`` of a round's cohort failed); ``None`` when it ran every round
+    stopped_by: str | None = None
 
 
 def run_rounds(
@@ -109,6 +112,7 @@ def run_rounds(
     every = int(scenario.engine.checkpoint_every) if resumable else 0
     timings = dict(timings or {})
     stopped: str | None = None
+    stopped_by: str | None = None
     accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
     pending: tuple[dict[str, Any], Future] | None = None
 
@@ -142,11 +146,17 @@ def run_rounds(
             try:
                 plan = strategy.begin_round(t, train_ids if available is None else available(t))
             except BudgetExhausted as exc:
-                stopped = str(exc)
+                stopped, stopped_by = str(exc), "budget"
                 break
             t_round = time.perf_counter()
             partial, client_metrics = engine.train(plan, weights)
             settle()  # round t-1's epsilon, computed while this round trained
+            too_many = too_many_failures(
+                t, partial, int(plan.cohort.size), scenario.engine.max_failed_fraction
+            )
+            if too_many is not None:  # nothing of this round is released, so nothing is accounted
+                stopped, stopped_by = _with_first_error(too_many, client_metrics), "failures"
+                break
             weights, m = strategy.finish_round(plan, weights, partial, account=False)
             row: dict[str, Any] = {
                 **m,
@@ -157,12 +167,12 @@ def run_rounds(
             }
             # timings grow with the realised cohort: diagnostics, like the exact counts
             diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
-            if client_metrics:
-                diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in client_metrics]))
-                # which implementation trained the cohort (loop, vectorized, native-cnn1d): the fused kernel
-                # and PyTorch agree to float rounding per round, not bit for bit
+            trained = [c for c in client_metrics if "train_loss" in c]
+            if trained:
+                diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in trained]))
+                # which paths trained the cohort (per-layer, vmap, loop; a chunk that raised is retried on the loop)
                 row["local_training"] = ",".join(
-                    sorted({str(c.get("trainer", "unknown")) for c in client_metrics})
+                    sorted({str(c["trainer"]) for c in client_metrics if "trainer" in c})
                 )
             pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
@@ -187,10 +197,35 @@ def run_rounds(
         timings["total_s"] = (
             timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (time.perf_counter() - t0)
         )
-        result = RunResult(writer.path if writer else None, rows, weights, strategy, stopped, timings)
+        result = RunResult(
+            writer.path if writer else None, rows, weights, strategy, stopped, timings, stopped_by
+        )
         if writer:
             writer.close()
             writer.write_weights("model.npz", weights)
             writer.write_json("ledger.json", strategy.ledger.to_dict())
-            writer.write_json("summary.json", summary(scenario, rows, strategy, stopped, timings, population))
+            writer.write_json(
+                "summary.json", summary(scenario, rows, strategy, stopped, timings, population, stopped_by)
+            )
     return result
+
+
+def too_many_failures(round_: int, partial: PartialSum, cohort: int, max_fraction: float) -> str | None:
+    """Why round ``round_`` must not be released (more than ``max_fraction`` of its ``cohort`` sampled clients
+    failed), or None. A failed client counts as a zero update, noise and accounting unchanged, so releasing such
+    a round would be private; but a round of mostly noise is almost always a broken model, data function or
+    deployment, which the operator should see rather than a run of noise. The stop itself depends on the
+    clients' failures: it is an operator's diagnostic, like ``non_private``."""
+    failed = partial.rejected - partial.failures.get("not_sampled", 0)
+    if cohort == 0 or failed <= max_fraction * cohort:
+        return None
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(partial.failures.items()) if k != "not_sampled")
+    return (
+        f"stopping at round {round_}: {failed} of its {cohort} sampled clients failed ({reasons}), more than "
+        f"engine.max_failed_fraction={max_fraction:g}; the round was not released, earlier rounds are written"
+    )
+
+
+def _with_first_error(message: str, client_metrics: list[dict[str, Any]]) -> str:
+    first = next((m for m in client_metrics if "error" in m), None)
+    return message if first is None else f"{message}; client {first['client']}: {first['error']}"

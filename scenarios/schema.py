@@ -230,6 +230,28 @@ class EngineConfig(_Section):
         ge=0,
         description="write checkpoint.npz every N rounds (fedsim run --resume continues from it); 0: never",
     )
+    round_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="a client not finished this many seconds after its round began counts as failed (a zero "
+        "update; noise and accounting unchanged); its Ray worker is replaced. Engines 'ray' and 'flower'",
+    )
+    max_failed_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="stop the run (exit code 4, nothing of that round released) when more than this fraction of "
+        "a round's sampled clients failed; 1: never stop",
+    )
+
+    @model_validator(mode="after")
+    def _timeout_needs_another_process(self) -> EngineConfig:
+        if self.round_timeout_s is not None and self.name == "local":
+            raise ValueError(
+                "engine.round_timeout_s needs engine.name 'ray' or 'flower': the 'local' engine trains in this "
+                "process and cannot stop a client that hangs"
+            )
+        return self
 
 
 class Scenario(_Section):

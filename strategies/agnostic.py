@@ -190,12 +190,12 @@ class DPAgnosticFedAvg(DPFedAvg):
     ) -> None:
         assert plan.client_weights is not None
         if client not in plan.client_weights:  # a reply from a node that was not sampled: never aggregated
-            partial.reject()
+            partial.reject(reason="not_sampled")
             return
         # the loss enters a noised sum: a missing or non-finite one rejects the whole reply; else bound to [0, 1]
         loss = bounded_value(metrics.get(protocol.MET_LOSS, math.nan), 0.0, 1.0)
         if loss is None:
-            partial.reject()
+            partial.reject(reason="non_finite")
             return
         count = partial.count
         partial.add(update, plan.clip, weight=plan.client_weights[client])

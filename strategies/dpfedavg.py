@@ -345,7 +345,7 @@ class DPFedAvg(Strategy):
         ``weights``: the flat global model the cohort trained from; ``partial``: the clipped sum of the
         replies; ``missing``: sampled clients whose reply never arrived (counted as rejected, zero update).
         """
-        partial.reject(missing)
+        partial.reject(missing, reason="no_reply")
         mean, server_std = self._noised_mean(plan, partial)
         new_weights = self.server_optimizer.step(weights, mean)
         # Private: functions of the noised releases and of public parameters only.
@@ -360,6 +360,7 @@ class DPFedAvg(Strategy):
             "cohort": int(plan.cohort.size),
             "received": int(partial.count),
             "rejected": int(partial.rejected),
+            "failed": dict(sorted(partial.failures.items())),  # rejected by reason (fedsim.round.FAILURES)
             "server_noise_std": server_std,  # distributed noise: reveals how many shares were missing
         }
         if partial.norms:
@@ -501,11 +502,11 @@ class DPFedAvg(Strategy):
             received += 1
             model = protocol.reply_model(msg, like)
             if model is None:
-                partial.reject()
+                partial.reject(reason="error" if msg.has_error() else "wrong_shape")
                 continue
             client = protocol.reply_source(msg, node_to_client)
             self.accept_reply(plan, partial, client, model - weights, protocol.reply_metrics(msg))
-        partial.reject(max(int(plan.cohort.size) - received, 0))
+        partial.reject(max(int(plan.cohort.size) - received, 0), reason="no_reply")
         return partial
 
     def accept_reply(
@@ -516,14 +517,14 @@ class DPFedAvg(Strategy):
         Every client value that enters a noised sum is checked first; a reply with a non-finite or missing one
         is rejected whole (counted, contributing zero). A reply from a client that was not sampled is rejected."""
         if not plan.sampled(client):
-            partial.reject()
+            partial.reject(reason="not_sampled")
             return
         if self.noise_placement == "distributed":
             bit = 0.0
             if plan.count_share_std > 0:  # the client's unclipped bit, noised by the client itself
                 bit = bounded_value(metrics.get(protocol.MET_UNCLIPPED_NOISED, math.nan), -math.inf, math.inf)
                 if bit is None:
-                    partial.reject()
+                    partial.reject(reason="non_finite")
                     return
             shares = partial.noise_shares
             partial.add(update, plan.clip, already_clipped_and_noised=True)

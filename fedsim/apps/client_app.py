@@ -86,7 +86,7 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
         if share_std > 0:
             # distributed noise: the trainer clips and adds this client's share before the update leaves it
             count_share = float(config.get(CFG_COUNT_NOISE_STD, 0.0))
-            partial, _ = trainer.train(
+            partial, metrics = trainer.train(
                 server_round,
                 [cid],
                 flat,
@@ -95,8 +95,9 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
                 noise_seed=noise_seed,
                 count_share_std=count_share,
             )
-            if partial.rejected:
-                raise ValueError(f"client {cid}: local training produced a non-finite update")
+            if partial.rejected:  # an error reply: the server counts it and tops up this client's noise share
+                why = metrics[0].get("error", "a non-finite update") if metrics else "no update"
+                raise ValueError(f"client {cid}: local training failed ({why})")
             update = partial.total
             if count_share > 0:
                 extra[MET_UNCLIPPED_NOISED] = float(partial.unclipped_noised)

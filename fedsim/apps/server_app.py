@@ -69,7 +69,11 @@ def run_on_grid(
     """The round loop with Flower nodes as the engine; ``trainer`` evaluates on the server's data."""
     ids_grid = ClientIdGrid(grid, min_nodes=min_nodes, connect_timeout=connect_timeout)
     engine = GridEngine(
-        ids_grid, exp.strategy, model_record(trainer, exp.initial_weights), evaluator=trainer.evaluate
+        ids_grid,
+        exp.strategy,
+        model_record(trainer, exp.initial_weights),
+        evaluator=trainer.evaluate,
+        timeout=exp.scenario.engine.round_timeout_s,  # a node that has not replied by then: no_reply
     )
     return run_rounds(
         exp,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +23,21 @@ import torch
 
 from fedsim.round import PartialSum
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+
+log = logging.getLogger(__name__)
+
+
+def _lost_worker_errors() -> tuple[type[BaseException], ...]:
+    from ray import exceptions as rx  # Ray is imported by the Ray engine only
+
+    # the process is gone (killed, crashed, out of memory) or what it made is: not an error in the user's code,
+    # which the worker catches client by client; anything else (a RayTaskError) is a bug and is raised
+    return (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError, rx.OutOfMemoryError)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 class LocalEngine:
@@ -82,10 +99,15 @@ class _Worker:
         loss_bound: float | None = None,
         noise_seed: int | None = None,
         count_share_std: float = 0.0,
-    ):
+    ) -> Iterator[tuple[PartialSum, list[dict[str, Any]]]]:
+        """A Ray streaming generator: a partial sum and its clients' metrics per unit of work (a client on the
+        loop, a chunk when vectorised: :meth:`ClientTrainer.train_stream`). Each is sent as it is made, so the
+        driver keeps what was finished if this process hangs later in the round, and all but the last few units
+        (Ray reports them asynchronously) if it is killed."""
         import ray  # as above
 
-        partial, metrics = self.trainer.train(
+        node = ray.get_runtime_context().get_node_id()
+        for partial, metrics in self.trainer.train_stream(
             server_round,
             client_ids,
             weights,
@@ -95,11 +117,10 @@ class _Worker:
             loss_bound,
             noise_seed=noise_seed,
             count_share_std=count_share_std,
-        )
-        node = ray.get_runtime_context().get_node_id()
-        for m in metrics:
-            m["node"] = node
-        return partial, metrics
+        ):
+            for m in metrics:
+                m["node"] = node
+            yield partial, metrics
 
     def evaluate(self, client_ids: list[int], weights: np.ndarray) -> np.ndarray:
         return self.trainer.evaluate(client_ids, weights)
@@ -112,7 +133,7 @@ class RayEngine:
     balanced across actors (largest clients first); each returns one partial sum, so only partial sums and
     per-client metrics cross process boundaries. ``address`` connects to an existing Ray cluster
     (``"auto"`` or ``"ray://host:port"``); otherwise a local Ray instance is started with just the
-    resources the pool needs.
+    resources the pool needs. ``round_timeout_s``: a round's training deadline (:meth:`train`).
     """
 
     name = "ray"
@@ -126,6 +147,7 @@ class RayEngine:
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
         address: str | None = None,
+        round_timeout_s: float | None = None,
     ) -> None:
         import ray  # as above
 
@@ -159,9 +181,13 @@ class RayEngine:
             )
         self.data = data
         self.num_workers = num_workers
+        self.round_timeout_s = round_timeout_s
+        #: workers replaced so far: ``{"worker", "why", "old_pid", "new_pid"}``
+        self.replaced: list[dict[str, Any]] = []
         data_ref = ray.put(data)
         actor = ray.remote(_Worker).options(num_cpus=num_cpus, num_gpus=num_gpus)
-        self.workers = [actor.remote(data_ref, settings, int(max(1, num_cpus))) for _ in range(num_workers)]
+        self._new_worker = lambda: actor.remote(data_ref, settings, int(max(1, num_cpus)))
+        self.workers = [self._new_worker() for _ in range(num_workers)]
         self.infos = ray.get([w.info.remote() for w in self.workers])
         self.dim = int(initial_weights(settings, data.input_shape, data.num_classes).size)
 
@@ -170,42 +196,107 @@ class RayEngine:
         return balance(np.asarray(client_ids), sizes, self.num_workers)
 
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
+        """Each worker streams a partial sum per unit of work (:meth:`_Worker.train`); they are merged per worker
+        in the order sent, then across workers in worker order (so a seeded run is bit for bit reproducible).
+
+        A worker that dies mid-round (``worker_lost``) or has not finished by ``round_timeout_s`` (``timeout``;
+        it is killed) contributes what the driver had received from it: the clients it had not reported are
+        counted as failed (a killed process can take its last few reports with it), never trained twice, and the
+        worker is replaced before this call returns."""
         import ray  # as above
 
-        w32 = np.asarray(weights, dtype=np.float32)
-        futures = [
-            worker.train.remote(
-                plan.round,
-                share,
-                w32,
-                plan.clip,
-                plan.noise_share_std,
-                None if plan.client_weights is None else {c: plan.client_weights[c] for c in share},
-                plan.loss_bound,
-                plan.noise_seed,
-                plan.count_share_std,
-            )
-            for worker, share in zip(self.workers, self._shares(plan.cohort), strict=True)
-            if share
-        ]
+        lost_errors = _lost_worker_errors()
+        w_ref = ray.put(np.asarray(weights, dtype=np.float32))  # one copy in the object store for all workers
+        shares = self._shares(plan.cohort)
+        deadline = None if self.round_timeout_s is None else time.monotonic() + self.round_timeout_s
+        streams: dict[int, Any] = {}
+        for i, share in enumerate(shares):
+            if share:
+                streams[i] = (
+                    self.workers[i]
+                    .train.options(num_returns="streaming")
+                    .remote(
+                        plan.round,
+                        share,
+                        w_ref,
+                        plan.clip,
+                        plan.noise_share_std,
+                        None if plan.client_weights is None else {c: plan.client_weights[c] for c in share},
+                        plan.loss_bound,
+                        plan.noise_seed,
+                        plan.count_share_std,
+                    )
+                )
+        sums = {i: PartialSum(self.dim) for i in streams}
+        reported: dict[int, list[dict[str, Any]]] = {i: [] for i in streams}
+        lost: dict[int, str] = {}
+        pending = dict(streams)
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=wait_s)
+            if not ready:  # the deadline passed: whoever is still training has timed out
+                lost.update(dict.fromkeys(pending, "timeout"))
+                break
+            for gen in ready:
+                i = next(k for k, g in pending.items() if g is gen)
+                try:
+                    partial, metrics = ray.get(next(gen))
+                except StopIteration:
+                    del pending[i]
+                    continue
+                except lost_errors as exc:
+                    log.warning("round %d: Ray worker %d died: %s", plan.round, i, _first_line(exc))
+                    lost[i] = "worker_lost"
+                    del pending[i]
+                    continue
+                sums[i].merge(partial)
+                reported[i].extend(metrics)
         total = PartialSum(self.dim)
-        metrics: list[dict[str, Any]] = []
-        for partial, m in ray.get(futures):
-            total.merge(partial)
-            metrics.extend(m)
-        return total, metrics
+        out: list[dict[str, Any]] = []
+        for i in sorted(streams):
+            total.merge(sums[i])
+            position = {c: j for j, c in enumerate(shares[i])}
+            out.extend(sorted(reported[i], key=lambda m: position[m["client"]]))
+            if i in lost:
+                done = {m["client"] for m in reported[i]}
+                missing = [c for c in shares[i] if c not in done]
+                total.reject(len(missing), reason=lost[i])
+                out.extend({"client": c, "failed": lost[i], "update_norm": math.nan} for c in missing)
+                self._replace(i, f"{lost[i]} in round {plan.round}")
+        return total, out
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per-client evaluation rows; a worker that dies meanwhile is replaced and its share evaluated again
+        (evaluation releases nothing private, so doing it twice counts nothing twice)."""
         import ray  # as above
 
-        w32 = np.asarray(weights, dtype=np.float32)
-        futures = [
-            worker.evaluate.remote(share, w32)
-            for worker, share in zip(self.workers, self._shares(client_ids), strict=True)
-            if share
-        ]
-        rows = [r for r in ray.get(futures) if len(r)]
+        lost_errors = _lost_worker_errors()
+        w_ref = ray.put(np.asarray(weights, dtype=np.float32))
+        shares = self._shares(client_ids)
+        futures = {
+            i: self.workers[i].evaluate.remote(share, w_ref) for i, share in enumerate(shares) if share
+        }
+        rows = []
+        for i, future in futures.items():
+            try:
+                r = ray.get(future)
+            except lost_errors as exc:
+                self._replace(i, f"died while evaluating ({_first_line(exc)})")
+                r = ray.get(self.workers[i].evaluate.remote(shares[i], w_ref))
+            if len(r):
+                rows.append(r)
         return np.concatenate(rows) if rows else np.zeros((0, 4))
+
+    def _replace(self, i: int, why: str) -> None:
+        """Kill worker ``i`` (if it still runs) and start a fresh one in its place; return once it is ready."""
+        import ray  # as above
+
+        old = self.infos[i].get("pid")
+        ray.kill(self.workers[i], no_restart=True)
+        self.workers[i] = self._new_worker()
+        self.infos[i] = ray.get(self.workers[i].info.remote())
+        self.replaced.append({"worker": i, "why": why, "old_pid": old, "new_pid": self.infos[i]["pid"]})
+        log.warning("Ray worker %d (pid %s): %s; replaced by pid %s", i, old, why, self.infos[i]["pid"])
 
     def close(self) -> None:
         import ray  # as above

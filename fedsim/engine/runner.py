@@ -37,6 +37,7 @@ def build_engine(scenario: Scenario, data: Any, settings: Any) -> Engine:
             num_cpus=e.num_cpus_per_worker,
             num_gpus=e.num_gpus_per_worker,
             address=e.ray_address,
+            round_timeout_s=e.round_timeout_s,
         )
     raise ValueError(f"engine.name={e.name!r} has no in-loop engine; allowed here: 'ray', 'local'")
 

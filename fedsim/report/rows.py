@@ -47,8 +47,10 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
 
     gen = row.get("generalization", {})
     diag = row.get(NON_PRIVATE, {})
+    failed = diag.get("failed") or {}
+    failures = (" failed " + ",".join(f"{k}={v}" for k, v in failed.items())) if failed else ""
     return (
-        f"round {row['round']:>3}/{rounds} | cohort {diag.get('cohort', '?'):>3} | "
+        f"round {row['round']:>3}/{rounds} | cohort {diag.get('cohort', '?'):>3}{failures} | "
         f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))} | "
         f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))} | "
         f"gap {f(diag.get('gap_accuracy'), '+.3f')} | "
@@ -122,6 +124,15 @@ PRIVACY_SCOPE = (
 )
 
 
+def _failed_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Failed clients over all rounds, by reason (non-private, like the per-round counts)."""
+    out: dict[str, int] = {}
+    for row in rows:
+        for reason, n in (row.get(NON_PRIVATE, {}).get("failed") or {}).items():
+            out[reason] = out.get(reason, 0) + int(n)
+    return out
+
+
 def summary(
     scenario: Any,
     rows: list[dict[str, Any]],
@@ -129,6 +140,7 @@ def summary(
     stopped: str | None,
     timings: dict,
     population: int,
+    stopped_by: str | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds."""
     last = rows[-1] if rows else {}
@@ -138,6 +150,8 @@ def summary(
         "rounds_completed": len(rows),
         "rounds_planned": scenario.rounds,
         "stopped_reason": stopped,
+        "stopped_by": stopped_by,
+        "non_private_failed_clients": _failed_totals(rows),  # by reason; epsilon does not cover it
         "final": {
             k: last.get(k)
             for k in (

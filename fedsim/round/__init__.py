@@ -18,7 +18,7 @@ from .noise import (
     noise_share_std,
     private_mean,
 )
-from .partial import PartialSum, bounded_value, clip_update, flatten, unflatten
+from .partial import FAILURES, PartialSum, bounded_value, clip_update, flatten, unflatten
 from .randomness import (
     OS_ENTROPY,
     RANDOMNESS,
@@ -37,6 +37,7 @@ from .randomness import (
 from .sampling import SAMPLERS, SAMPLINGS, Sampler, id_array, make_sampler, sample_cohort
 
 __all__ = [
+    "FAILURES",
     "NOISE_PLACEMENTS",
     "OS_ENTROPY",
     "RANDOMNESS",

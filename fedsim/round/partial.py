@@ -27,6 +27,15 @@ def bounded_value(value: Any, low: float, high: float) -> float | None:
     return min(max(v, low), high)
 
 
+#: Why a client's update contributes zero to a round (``PartialSum.failures``):
+#: ``error`` local training raised, or a Flower client replied with an error; ``non_finite`` a NaN or inf in the
+#: update or in a value that enters a noised sum; ``wrong_shape`` an update or reply that does not match the
+#: model; ``timeout`` not finished within ``engine.round_timeout_s``; ``worker_lost`` the Ray worker training it
+#: died; ``no_reply`` a sampled Flower node that never replied; ``not_sampled`` a reply from a node that was not
+#: sampled (never aggregated).
+FAILURES = ("error", "non_finite", "wrong_shape", "timeout", "worker_lost", "no_reply", "not_sampled")
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
@@ -64,12 +73,18 @@ class PartialSum:
     norm was <= the clip (the bits of adaptive clipping); ``noise_shares``: distributed-noise shares included;
     ``unclipped_noised`` / ``count_shares``: distributed noise with adaptive clipping, the sum of the clients'
     own noised bits and how many are in it.
+
+    A rejected client contributes zero to every sum; the server still adds the round's full noise (and tops up
+    the noise shares of distributed noise), and the round is accounted as planned: a failure changes neither
+    the sensitivity nor the mechanism.
     """
 
     dim: int
     total: np.ndarray = field(default=None)  # type: ignore[assignment]
     count: int = 0
     rejected: int = 0
+    #: ``rejected`` by reason (:data:`FAILURES`): what the round's row counts under ``non_private.failed``
+    failures: dict[str, int] = field(default_factory=dict)
     unclipped: int = 0
     noise_shares: int = 0
     unclipped_noised: float = 0.0
@@ -96,11 +111,11 @@ class PartialSum:
             update = update.detach().to("cpu", copy=False).double().numpy()
         update = np.asarray(update)
         if update.shape != (self.dim,):
-            self.reject()
+            self.reject(reason="wrong_shape")
             return math.nan
         if already_clipped_and_noised:
             if not np.isfinite(update).all():
-                self.reject()
+                self.reject(reason="non_finite")
                 return math.nan
             self.total += update
             self.count += 1
@@ -108,7 +123,7 @@ class PartialSum:
             return math.nan
         clipped, norm, finite = clip_update(update, clip)
         if not finite:
-            self.reject()
+            self.reject(reason="non_finite")
             return math.nan
         self.total += clipped if weight == 1.0 else weight * clipped
         self.count += 1
@@ -130,7 +145,7 @@ class PartialSum:
             )
         k = int(updates.shape[0])
         if int(updates.shape[1]) != self.dim:  # like add(): a wrong shape is the clients' fault, counted
-            self.reject(k)
+            self.reject(k, reason="wrong_shape")
             return np.full(k, math.nan)
         if k == 0:
             return np.zeros(0)
@@ -160,7 +175,7 @@ class PartialSum:
         self.total += total_np
         accepted = int(finite.sum())
         self.count += accepted
-        self.reject(k - accepted)
+        self.reject(k - accepted, reason="non_finite")
         self.unclipped += int((finite & (norms <= clip)).sum())
         self.norms.extend(float(v) for v in norms[finite])
         return np.where(finite, norms, math.nan)
@@ -170,8 +185,13 @@ class PartialSum:
         self.unclipped_noised += float(value)
         self.count_shares += 1
 
-    def reject(self, n: int = 1) -> None:
-        self.rejected += n
+    def reject(self, n: int = 1, *, reason: str) -> None:
+        """Count ``n`` clients that contribute zero, for ``reason`` (one of :data:`FAILURES`)."""
+        if reason not in FAILURES:
+            raise ValueError(f"unknown failure reason {reason!r}; allowed: {', '.join(FAILURES)}")
+        if n > 0:
+            self.rejected += n
+            self.failures[reason] = self.failures.get(reason, 0) + n
 
     def add_extra(self, key: str, index: int, value: float, size: int) -> None:
         """Accumulate a small per-round statistic (e.g. per-domain loss sums), merged by addition."""
@@ -184,6 +204,8 @@ class PartialSum:
         self.total += other.total
         self.count += other.count
         self.rejected += other.rejected
+        for reason, n in other.failures.items():
+            self.failures[reason] = self.failures.get(reason, 0) + n
         self.unclipped += other.unclipped
         self.noise_shares += other.noise_shares
         self.unclipped_noised += other.unclipped_noised

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_upd
 
 from .layers import DropoutMasks, client_dropout, dropout_layers
 from .shuffle import client_orders
-from .vectorized import TrainingPath, choose_path, train_vectorized, train_vectorized_chunks
+from .vectorized import TrainingPath, choose_path, chunk_plan, train_chunk
 
 log = logging.getLogger(__name__)
 
@@ -210,93 +211,200 @@ class ClientTrainer:
         ``client_weights``: per-client aggregation weights (agnostic FL); ``loss_bound``: also compute each
         client's loss of the *global* model, per example clipped to ``[0, loss_bound]`` and divided by it (so
         in [0, 1]), and accumulate the sums per domain in ``partial.extras`` (``domain_loss``, ``domain_count``).
-        A client whose loss is not finite is rejected whole (it enters neither noised sum).
+
+        A client fails alone (:meth:`train_stream`): an exception in its training, a non-finite update or loss
+        rejects it (counted in ``partial.failures``, contributing zero) and the others are trained. Its metrics
+        then hold ``failed`` (the reason) and ``error`` instead of ``train_loss``.
         """
-        global_w = self._global(weights)
+        metrics: list[dict[str, Any]] = []
         partial = PartialSum(self.dim)
+        for unit, new in self.train_stream(
+            server_round,
+            client_ids,
+            weights,
+            clip,
+            noise_share_std,
+            client_weights,
+            loss_bound,
+            noise_seed=noise_seed,
+            count_share_std=count_share_std,
+        ):
+            partial.merge(unit)
+            metrics.extend(new)
+        position = {int(c): i for i, c in enumerate(client_ids)}
+        metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, whatever the path
+        return partial, metrics
+
+    def train_stream(
+        self,
+        server_round: int,
+        client_ids: list[int] | np.ndarray,
+        weights: np.ndarray,
+        clip: float,
+        noise_share_std: float = 0.0,
+        client_weights: dict[int, float] | None = None,
+        loss_bound: float | None = None,
+        *,
+        noise_seed: int | None = None,
+        count_share_std: float = 0.0,
+    ) -> Iterator[tuple[PartialSum, list[dict[str, Any]]]]:
+        """:meth:`train` as it goes: yields ``(partial, metrics)`` for each unit of work (one client on the loop,
+        one chunk when vectorised; first, with a ``loss_bound``, the clients whose loss failed). ``partial`` holds
+        that unit's clients only and ``metrics`` one entry per client of it, so a caller that stops listening
+        knows exactly which clients are in what it received (a Ray worker that dies or times out mid-round:
+        :class:`fedsim.engine.ray_engine.RayEngine`). Merging the partials in order gives, bit for bit, the sum
+        of adding every client to one partial: each unit's sum enters the total in one addition either way."""
+        global_w = self._global(weights)
         cids = [int(c) for c in client_ids]
         losses: dict[int, float] = {}
         if loss_bound is not None:
             self._load(global_w)
-            kept = []
+            failed, new, kept = PartialSum(self.dim), [], []
             for cid in cids:
-                loss = bounded_value(self.bounded_loss(cid, loss_bound), 0.0, 1.0)
+                try:
+                    loss = bounded_value(self.bounded_loss(cid, loss_bound), 0.0, 1.0)
+                except Exception as exc:  # the user's model or loss failed on this client's data
+                    new.append(self._failed(failed, cid, server_round, "error", exc))
+                    continue
                 if loss is None:  # a NaN loss would make lambda NaN for the rest of the run
-                    partial.reject()
+                    new.append(self._failed(failed, cid, server_round, "non_finite"))
                     continue
                 losses[cid] = loss
                 kept.append(cid)
             cids = kept
-        partial, metrics = self._train_cohort(
-            partial,
-            server_round,
-            cids,
-            global_w,
-            clip,
-            noise_share_std,
-            client_weights,
-            noise_seed,
-            count_share_std,
-        )
-        if losses:  # the losses of the clients whose update was accepted join the per-domain sums
-            num_domains = int(self.data.num_domains)
-            for m in metrics:
-                if math.isfinite(m["update_norm"]):
-                    d = int(self.data.domain(m["client"]))
-                    partial.add_extra("domain_loss", d, losses[m["client"]], num_domains)
-                    partial.add_extra("domain_count", d, 1.0, num_domains)
-        return partial, metrics
+            if new:
+                yield failed, new
+        for results in self._units(server_round, cids, global_w):
+            partial, new = PartialSum(self.dim), []
+            for update, m in results:
+                if update is None:  # failed while training: already described in m
+                    partial.reject(reason=m["failed"])
+                    new.append(m)
+                elif isinstance(update, torch.Tensor) and update.ndim == 2:  # a vectorised chunk
+                    if noise_share_std > 0:  # each client noises its own update: row by row
+                        for row, mi in enumerate(m):
+                            self._add_one(
+                                partial, update[row], mi, clip, server_round, noise_share_std, client_weights,
+                                noise_seed, count_share_std,
+                            )  # fmt: skip
+                    else:  # summed on the device: only the sum and the norms leave it
+                        self._add_chunk(partial, update, m, clip, client_weights)
+                    new.extend(m)
+                else:
+                    self._add_one(
+                        partial, update, m, clip, server_round, noise_share_std, client_weights, noise_seed,
+                        count_share_std,
+                    )  # fmt: skip
+                    new.append(m)
+            if losses:  # the losses of the clients whose update was accepted join the per-domain sums
+                self._domain_losses(partial, new, losses)
+            yield partial, new
 
-    def _train_cohort(
+    def _units(
+        self, server_round: int, cids: list[int], global_w: torch.Tensor
+    ) -> Iterator[list[tuple[Any, Any]]]:
+        """The cohort's training, a unit at a time: a list of ``(update, metrics)`` per client, ``(None, metrics)``
+        for a client that failed, or one ``([K, dim] updates, [K metrics])`` pair for a vectorised chunk. A chunk
+        that raises is trained again client by client on the loop, so only the clients that fail are lost."""
+        if self.path.step is None:
+            for cid in cids:
+                yield [self._train_isolated(cid, server_round, global_w)]
+            return
+        for part in chunk_plan(self, cids):
+            try:
+                updates, chunk_metrics = train_chunk(self, server_round, part, global_w)
+            except Exception as exc:
+                log.warning(
+                    "round %d: a chunk of %d clients failed on the %s path (%s: %s); training them one by one",
+                    server_round,
+                    len(part),
+                    self.path.name,
+                    type(exc).__name__,
+                    exc,
+                )
+                yield [self._train_isolated(cid, server_round, global_w) for cid in part]
+                continue
+            yield [(updates, chunk_metrics)]
+
+    def _train_isolated(
+        self, cid: int, server_round: int, global_w: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        try:
+            return self.train_one(cid, server_round, global_w)
+        except Exception as exc:  # the user's model, loss or data failed on this client
+            return None, self._failure(cid, server_round, "error", exc)
+
+    def _failure(
+        self, cid: int, server_round: int, reason: str, exc: BaseException | None = None
+    ) -> dict[str, Any]:
+        m: dict[str, Any] = {"client": int(cid), "failed": reason, "update_norm": math.nan}
+        if exc is not None:
+            m["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("round %d: client %d failed: %s", server_round, cid, m["error"], exc_info=exc)
+        return m
+
+    def _failed(
+        self, partial: PartialSum, cid: int, server_round: int, reason: str, exc: BaseException | None = None
+    ) -> dict[str, Any]:
+        partial.reject(reason=reason)
+        return self._failure(cid, server_round, reason, exc)
+
+    def _add_chunk(
         self,
         partial: PartialSum,
-        server_round: int,
-        cids: list[int],
-        global_w: torch.Tensor,
+        updates: torch.Tensor,
+        metrics: list[dict[str, Any]],
         clip: float,
+        client_weights: dict[int, float] | None,
+    ) -> None:
+        weights = None if client_weights is None else [client_weights[m["client"]] for m in metrics]
+        norms = partial.add_batch(updates, clip, weights)
+        for m, norm in zip(metrics, norms, strict=True):
+            m["update_norm"] = float(norm)
+            if not math.isfinite(norm):
+                m["failed"] = "non_finite"
+
+    def _add_one(
+        self,
+        partial: PartialSum,
+        update: torch.Tensor,
+        m: dict[str, Any],
+        clip: float,
+        server_round: int,
         noise_share_std: float,
         client_weights: dict[int, float] | None,
         noise_seed: int | None,
         count_share_std: float,
-    ) -> tuple[PartialSum, list[dict[str, Any]]]:
-        metrics: list[dict[str, Any]] = []
-        vectorized = self.path.step is not None and bool(cids)
-        if vectorized and noise_share_std == 0:
-            # the whole chunk is clipped and summed on the device at once; only the sum leaves it
-            for updates, chunk_metrics in train_vectorized_chunks(self, server_round, cids, global_w):
-                weights = (
-                    None if client_weights is None else [client_weights[m["client"]] for m in chunk_metrics]
-                )
-                norms = partial.add_batch(updates, clip, weights)
-                for m, norm in zip(chunk_metrics, norms, strict=True):
-                    m["update_norm"] = float(norm)
-                    metrics.append(m)
-            position = {c: i for i, c in enumerate(cids)}
-            metrics.sort(key=lambda m: position[m["client"]])  # the order of client_ids, as the loop gives
-            return partial, metrics
-        if vectorized:
-            results = train_vectorized(self, server_round, cids, global_w)
-        else:
-            results = (self.train_one(c, server_round, global_w) for c in cids)
-        for update, m in results:
-            if noise_share_std > 0:
-                clipped, norm, finite = clip_update(update.double(), clip)
-                if finite:
-                    rng = make_rng(noise_seed, server_round, STREAM_NOISE_SHARE, m["client"])
-                    share = rng.normal(0.0, noise_share_std, size=self.dim)
-                    partial.add(clipped.cpu().numpy() + share, clip, already_clipped_and_noised=True)
-                    partial.unclipped += int(norm <= clip)
-                    partial.norms.append(norm)
-                    if count_share_std > 0:
-                        partial.add_noised_count(int(norm <= clip) + rng.normal(0.0, count_share_std))
-                else:
-                    partial.reject()
+    ) -> None:
+        if noise_share_std > 0:
+            clipped, norm, finite = clip_update(update.double(), clip)
+            if finite:
+                rng = make_rng(noise_seed, server_round, STREAM_NOISE_SHARE, m["client"])
+                share = rng.normal(0.0, noise_share_std, size=self.dim)
+                partial.add(clipped.cpu().numpy() + share, clip, already_clipped_and_noised=True)
+                partial.unclipped += int(norm <= clip)
+                partial.norms.append(norm)
+                if count_share_std > 0:
+                    partial.add_noised_count(int(norm <= clip) + rng.normal(0.0, count_share_std))
             else:
-                w = 1.0 if client_weights is None else float(client_weights[m["client"]])
-                norm = partial.add(update, clip, weight=w)
-            m["update_norm"] = norm
-            metrics.append(m)
-        return partial, metrics
+                partial.reject(reason="non_finite")
+                m["failed"] = "non_finite"
+        else:
+            w = 1.0 if client_weights is None else float(client_weights[m["client"]])
+            norm = partial.add(update, clip, weight=w)
+            if not math.isfinite(norm):
+                m["failed"] = "non_finite"
+        m["update_norm"] = norm
+
+    def _domain_losses(
+        self, partial: PartialSum, metrics: list[dict[str, Any]], losses: dict[int, float]
+    ) -> None:
+        num_domains = int(self.data.num_domains)
+        for m in metrics:
+            if "failed" not in m:
+                d = int(self.data.domain(m["client"]))
+                partial.add_extra("domain_loss", d, losses[m["client"]], num_domains)
+                partial.add_extra("domain_count", d, 1.0, num_domains)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()

@@ -350,6 +350,39 @@ def _train_chunk(
     return flat - global_w.unsqueeze(0), _metrics(trainer, cids, sizes, loss_sum.cpu().tolist(), path.name)
 
 
+def chunk_plan(
+    trainer: Any,
+    client_ids: list[int],
+    *,
+    chunk_size: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> list[list[int]]:
+    """The chunks :func:`train_vectorized_chunks` trains, in its order: most local steps first (ties keep the
+    given order), at most ``chunk_size`` clients each (default: as many as ``memory_budget`` holds)."""
+    s = trainer.settings
+    cids = [int(c) for c in client_ids]
+    if not cids:
+        return []
+    nums = trainer.data.num_examples_array(cids)
+    steps = [math.ceil(int(n) / s.batch_size) for n in nums]
+    order = sorted(range(len(cids)), key=lambda j: -steps[j])  # stable: ties keep the given order
+    size = chunk_size or _chunk_size(trainer, int(s.batch_size), memory_budget)
+    return [[cids[j] for j in order[start : start + size]] for start in range(0, len(order), size)]
+
+
+def train_chunk(
+    trainer: Any, server_round: int, cids: list[int], global_w: torch.Tensor
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """Train one chunk of :func:`chunk_plan` together on ``trainer.path``: updates ``[K, dim]`` (float32, on
+    ``trainer.device``, row i of client ``metrics[i]["client"]``) and metrics as ``train_one`` gives them."""
+    if trainer.path.step is None:
+        raise ValueError(f"train_vectorized needs a vectorised path; this trainer's is {trainer.path.name!r}")
+    names = [name for name, _ in trainer.model.named_parameters()]
+    gw = global_w.to(device=trainer.device, dtype=torch.float32)
+    trainer.model.train()
+    return _train_chunk(trainer, names, server_round, cids, gw)
+
+
 def train_vectorized_chunks(
     trainer: Any,
     server_round: int,
@@ -366,20 +399,8 @@ def train_vectorized_chunks(
     path), as ``train_one``'s do."""
     if trainer.path.step is None:
         raise ValueError(f"train_vectorized needs a vectorised path; this trainer's is {trainer.path.name!r}")
-    s = trainer.settings
-    cids = [int(c) for c in client_ids]
-    if not cids:
-        return
-    names = [name for name, _ in trainer.model.named_parameters()]
-    nums = trainer.data.num_examples_array(cids)
-    steps = [math.ceil(int(n) / s.batch_size) for n in nums]
-    order = sorted(range(len(cids)), key=lambda j: -steps[j])  # stable: ties keep the given order
-    size = chunk_size or _chunk_size(trainer, int(s.batch_size), memory_budget)
-    gw = global_w.to(device=trainer.device, dtype=torch.float32)
-    trainer.model.train()
-    for start in range(0, len(order), size):
-        part = [cids[j] for j in order[start : start + size]]
-        yield _train_chunk(trainer, names, server_round, part, gw)
+    for part in chunk_plan(trainer, client_ids, chunk_size=chunk_size, memory_budget=memory_budget):
+        yield train_chunk(trainer, server_round, part, global_w)
 
 
 def train_vectorized(

@@ -128,7 +128,9 @@ def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
         math.nan if cid == ids[0] else real(cid, bound, weights)
     )
     partial, metrics = trainer.train(1, ids, w, 1.0, loss_bound=math.log(10))
-    assert partial.rejected == 1 and partial.count == 3 and [m["client"] for m in metrics] == ids[1:]
+    assert partial.rejected == 1 and partial.count == 3 and partial.failures == {"non_finite": 1}
+    assert [m["client"] for m in metrics] == ids and metrics[0]["failed"] == "non_finite"
+    assert all("failed" not in m for m in metrics[1:])
     assert np.all(np.isfinite(partial.extras["domain_loss"]))
     assert partial.extras["domain_count"].sum() == 3
 
