@@ -94,7 +94,13 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scenario:
     path = _resolve(name_or_path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"scenario {path} is not UTF-8 text, as TOML must be ({exc.reason} at byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ScenarioError(f"scenario {path} cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"scenario {path} is not valid TOML: {exc}") from None
     for item in overrides or []:

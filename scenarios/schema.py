@@ -36,8 +36,13 @@ ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
 EngineName = Literal["ray", "flower", "local"]
 
 
+#: the largest float32: training runs in float32, so a step size above it cannot even be applied
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # nan and inf are refused in every float field: nothing in a scenario is meaningful at either
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def _serialize_callable(value: Any, what: str) -> Any:
@@ -161,7 +166,7 @@ class ModelConfig(BaseModel):
 class ClientConfig(_Section):
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(16, ge=1)
-    lr: float = Field(0.1, gt=0)
+    lr: float = Field(0.1, gt=0, le=FLOAT32_MAX, description="local SGD step size (float32 training)")
     optimizer: Literal["sgd", "momentum"] = "sgd"
     momentum: float = Field(0.9, ge=0, lt=1)
 

@@ -338,9 +338,10 @@ class ClientTrainer:
         self, cid: int, server_round: int, reason: str, exc: BaseException | None = None
     ) -> dict[str, Any]:
         m: dict[str, Any] = {"client": int(cid), "failed": reason, "update_norm": math.nan}
-        if exc is not None:
+        if exc is not None:  # one line per client; the traceback at DEBUG (a broken model fails every client)
             m["error"] = f"{type(exc).__name__}: {exc}"[:500]
-            log.warning("round %d: client %d failed: %s", server_round, cid, m["error"], exc_info=exc)
+            log.warning("round %d: client %d failed: %s", server_round, cid, m["error"])
+            log.debug("round %d: client %d's traceback", server_round, cid, exc_info=exc)
         return m
 
     def _failed(
