@@ -12,6 +12,7 @@ of waited-for children (Ray's processes are not waited for, so this misses them)
 
     python benchmarks/scale.py                        # RayEngine, 2 workers x 1 CPU, 5 rounds
     python benchmarks/scale.py --engine local --vectorize
+    python benchmarks/scale.py --vectorize --per-round 10000 --rounds 3   # the load round: 10,000 clients
 """
 
 from __future__ import annotations
