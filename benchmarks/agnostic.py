@@ -1,6 +1,6 @@
 """Private agnostic FL (DPAgnosticFedAvg) vs DP-FedAvg at the same certified epsilon: worst-domain loss.
 
-Both strategies run the same scenario (``scenarios/agnostic.toml`` unless ``--scenario``), seed by seed, on
+Both strategies run the same scenario (``scenarios/agnostic-domains.toml`` unless ``--scenario``), seed by seed, on
 the in-process engine. The scenario describes the AFL run; DP-FedAvg gets the noise multiplier that gives it
 *exactly* AFL's certified epsilon:
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from fedsim.engine.runner import run_scenario
 from fedsim.scenarios import load_scenario
 
-DEFAULT_SCENARIO = str(ROOT / "scenarios" / "agnostic.toml")
+DEFAULT_SCENARIO = str(ROOT / "scenarios" / "agnostic-domains.toml")
 
 
 def composed_z(z_model: float, z_loss: float) -> float:

@@ -207,6 +207,7 @@ def run_rounds(
             writer.write_json(
                 "summary.json", summary(scenario, rows, strategy, stopped, timings, population, stopped_by)
             )
+            writer.write_plots()
     return result
 
 

@@ -25,6 +25,10 @@ def _shipped_dir() -> Path:
     return Path(str(resources.files("fedsim.scenarios")))
 
 
+#: old names of shipped scenarios, still accepted
+ALIASES = {"agnostic": "agnostic-domains"}
+
+
 def available_scenarios() -> list[str]:
     """Names of the scenarios shipped with fedsim."""
     return sorted(p.stem for p in _shipped_dir().glob("*.toml"))
@@ -36,7 +40,7 @@ def _resolve(name_or_path: str) -> Path:
         if not path.is_file():
             raise ScenarioError(f"scenario file not found: {name_or_path}")
         return path
-    shipped = _shipped_dir() / f"{name_or_path}.toml"
+    shipped = _shipped_dir() / f"{ALIASES.get(name_or_path, name_or_path)}.toml"
     if shipped.is_file():
         return shipped
     raise ScenarioError(

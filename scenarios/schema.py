@@ -259,6 +259,23 @@ class EngineConfig(_Section):
         return self
 
 
+class SweepConfig(_Section):
+    """What ``fedsim sweep NAME`` compares when no ``--grid`` is given (``--grid`` and ``--seeds`` override)."""
+
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict, description="dotted key -> values; every combination is one run"
+    )
+    variants: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="sets of linked values (dotted key -> value, 'label' names the set), each crossed with the grid",
+    )
+    seeds: int = Field(1, ge=1, le=1000, description="runs per setting, seeds seed, seed+1, ...")
+    line: str | None = Field(
+        None,
+        description="the grid key drawn as one line per value in the privacy-utility plot ('variant' too)",
+    )
+
+
 class Scenario(_Section):
     name: str = "unnamed"
     description: str = ""
@@ -271,3 +288,4 @@ class Scenario(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     agnostic: AgnosticConfig = Field(default_factory=AgnosticConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)

@@ -6,6 +6,7 @@ Rows are appended and flushed as each round ends, so an interrupted run keeps ev
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from .provenance import provenance
+
+log = logging.getLogger(__name__)
 
 
 def _clean(value: Any) -> Any:
@@ -74,6 +77,23 @@ class RunWriter:
         tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
         tmp.replace(target)
         return target
+
+    def write_plots(self) -> list[Path]:
+        """``plots/*.png`` from what is written (:func:`fedsim.report.plots.run_plots`). A plot that fails is logged
+        and skipped: it must never cost a run its results."""
+        from .plots import run_plots  # matplotlib only when plots are drawn
+
+        try:
+            return run_plots(self.path, from_ledger=False)
+        except Exception as exc:
+            log.warning(
+                "plots for %s were not drawn: %s: %s (fedsim report %s draws them again)",
+                self.path,
+                type(exc).__name__,
+                exc,
+                self.path,
+            )
+            return []
 
     def write_weights(self, name: str, weights: Any) -> Path:
         """The model as a flat float64 vector (``np.load(path)["weights"]``), written atomically."""

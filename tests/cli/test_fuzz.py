@@ -2,8 +2,9 @@
 with a result or a clear error (exit code 2, a ``fedsim: error:`` or argparse message), never a traceback.
 
 Inputs: random bytes, TOML cut short anywhere, the quickstart scenario with a value replaced by one of the wrong
-type or out of range, unknown keys, and ``--set`` items and command-line values of any text. ``fedsim sweep`` and
-``fedsim report`` do not exist yet (they come with the research-workflow issue).
+type or out of range, unknown keys, and ``--set`` items and command-line values of any text; ``fedsim sweep`` gets
+``--grid``, ``--seeds``, ``--line`` and ``--parallel`` of any text, ``fedsim report`` directories whose files hold
+anything.
 """
 
 from __future__ import annotations
@@ -234,3 +235,76 @@ def test_inputs_the_fuzzer_found_or_must_keep_covering(tmp_path, data, named):
     size float32 cannot hold (every client then failed in training), inf in a float field."""
     got = _load(tmp_path, data)
     assert isinstance(got, ScenarioError) and named in str(got), got
+
+
+GRID_KEYS = st.sampled_from(
+    ["privacy.noise_multiplier", "privacy.clip", "client.lr", "privacy.sampling", "seed"]
+)
+GRID_ITEMS = st.one_of(
+    LABEL,
+    st.builds(
+        "{}={}".format,
+        st.one_of(GRID_KEYS, LABEL),
+        st.lists(
+            st.one_of(NUMBERISH, st.sampled_from(["0.5", "1.0", "poisson", "fixed"])), min_size=1, max_size=2
+        ).map(",".join),
+    ),
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    grid=st.lists(GRID_ITEMS, max_size=2),
+    seeds=st.one_of(st.none(), NUMBERISH, st.sampled_from(["1", "2"])),
+    line=st.one_of(st.none(), LABEL, GRID_KEYS),
+)
+def test_fedsim_sweep_answers_or_exits_2_without_a_traceback(tmp_path, grid, seeds, line):
+    """What plans is run (two rounds, 40 clients, one at a time): 0, or 1 when a run failed, both with a table."""
+    argv = ["sweep", "noise-sweep", "--parallel", "1", "--out", str(tmp_path / f"sweep{next(_runs)}")]
+    for item in grid:
+        argv += ["--grid", item]
+    if seeds is not None:
+        argv += ["--seeds", seeds]
+    if line is not None:
+        argv += ["--line", line]
+    for item in ["rounds=1", "data.num_clients=40", "sweep.seeds=1"]:
+        argv += ["--set", item]
+    code, out, err = _cli(argv)
+    event(f"exit {code}")
+    assert "Traceback" not in err, err
+    assert code in (0, 1, EXIT_USAGE), (argv, code, err)
+    if code in (0, 1):
+        assert "sweep.csv" in out
+    else:
+        assert err.startswith(("fedsim: error: ", "usage: ")), err
+
+
+@FUZZ
+@given(
+    files=st.dictionaries(
+        st.sampled_from(["metrics.jsonl", "summary.json", "ledger.json", "config.toml"]),
+        st.one_of(
+            st.binary(max_size=200),
+            st.sampled_from(
+                [
+                    b"{}",
+                    b"[1, 2]",
+                    b'{"round": 1}',
+                    b'{"round": 1, "epsilon": null, "delta": 1e-5, "accountant": "pld"}\n',
+                    b'{"round": 1, "epsilon": 2.0, "delta": 1e-5, "accountant": "pld", "generalization": 3}',
+                    b'{"releases": [{"round": "x"}]}',
+                ]
+            ),
+        ),
+        max_size=4,
+    )
+)
+def test_fedsim_report_on_damaged_run_directories_exits_2_or_reports(tmp_path, files):
+    run = tmp_path / f"run{next(_runs)}"
+    run.mkdir()
+    for name, data in files.items():
+        (run / name).write_bytes(data)
+    code, _, err = _cli(["report", str(run)])
+    event(f"exit {code}")
+    assert "Traceback" not in err, err
+    assert code in (0, EXIT_USAGE), (files, code, err)

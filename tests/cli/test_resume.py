@@ -103,11 +103,11 @@ def test_a_bad_checkpoint_is_a_clear_error_that_changes_nothing(tmp_path, capsys
         (out / "config.toml").write_text(
             (out / "config.toml").read_text().replace("rounds = 7", "rounds = 8")
         )
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert main(["run", "--resume", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "checkpoint.npz" in err and "nothing was changed" in err and "Traceback" not in err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_a_run_that_drew_from_os_entropy_is_not_resumed(tmp_path, capsys):
@@ -116,12 +116,12 @@ def test_a_run_that_drew_from_os_entropy_is_not_resumed(tmp_path, capsys):
     out = tmp_path / "os"
     assert main([*_args(out), "--set", "rounds=4", "--set", "privacy.randomness=os-entropy"]) == 0
     assert not (out / "checkpoint.npz").exists()  # a checkpoint it could never be resumed from is not written
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert main(["run", "--resume", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--resume needs privacy.randomness = 'seeded'" in err and "nothing was changed" in err
     assert "Traceback" not in err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_resume_refuses_what_would_change_the_run(tmp_path, capsys):

@@ -32,7 +32,9 @@ def test_scenario_composes_to_unit_noise():
 @pytest.mark.parametrize("rounds", [1, 7])
 def test_afl_and_dp_fedavg_certify_the_same_epsilon(rounds):
     bench = _bench()
-    afl_sc, avg_sc = bench.scenarios(str(ROOT / "scenarios" / "agnostic.toml"), [], seed=0, target_z=None)
+    afl_sc, avg_sc = bench.scenarios(
+        str(ROOT / "scenarios" / "agnostic-domains.toml"), [], seed=0, target_z=None
+    )
     data = build_data(afl_sc)  # Synthetic clients: generated on demand, so this costs nothing
     population = int(np.asarray(data.train_clients).size)
 
