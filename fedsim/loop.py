@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.experiment import Experiment
+from fedsim.report.attack import attack_columns
 from fedsim.report.checkpoint import Checkpoint, write_checkpoint
 from fedsim.report.rows import (
     NON_PRIVATE,
@@ -178,7 +179,10 @@ def run_rounds(
             if t % scenario.engine.eval_every == 0 or t == rounds:
                 held = engine.evaluate(heldout_ids, weights) if server_eval and heldout_ids.size else None
                 if diagnostics:
-                    merge_columns(row, evaluation_columns(data, engine.evaluate(train_ids, weights), held))
+                    trained_rows = engine.evaluate(train_ids, weights)
+                    merge_columns(row, evaluation_columns(data, trained_rows, held))
+                    if scenario.report.membership_attack and held is not None:
+                        diag["attack"] = attack_columns(trained_rows, held, scenario.seed, t)
                 elif held is not None:  # held-out clients only: data the server owns, never trained on
                     merge_columns(row, evaluation_columns(data, None, held))
             diag["round_time_s"] = time.perf_counter() - t_round

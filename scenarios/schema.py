@@ -259,6 +259,14 @@ class EngineConfig(_Section):
         return self
 
 
+class ReportConfig(_Section):
+    membership_attack: bool = Field(
+        False,
+        description="each evaluated round, a client-level loss-threshold membership-inference attack (members: "
+        "training clients, non-members: held-out clients, balanced); a non-private diagnostic",
+    )
+
+
 class SweepConfig(_Section):
     """What ``fedsim sweep NAME`` compares when no ``--grid`` is given (``--grid`` and ``--seeds`` override)."""
 
@@ -288,4 +296,5 @@ class Scenario(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     agnostic: AgnosticConfig = Field(default_factory=AgnosticConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)

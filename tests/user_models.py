@@ -132,3 +132,14 @@ def stripes(num_clients: int, seed: int, size: int = 6, per_client: int = 12):
     offsets = np.concatenate([[0], np.cumsum(counts)])
     clients = [np.arange(offsets[i], offsets[i + 1]) for i in range(num_clients)]
     return {"x": x, "y": y, "clients": clients}
+
+
+def random_labels(num_clients: int, seed: int, per_client: int = 8, features: int = 32, classes: int = 10):
+    """Gaussian inputs with labels drawn at random: nothing to learn, so a model can only fit its training clients
+    by memorising them (the known answer of the membership-inference test)."""
+    rng = np.random.default_rng(seed)
+    n = num_clients * per_client
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    y = rng.integers(0, classes, size=n)
+    clients = [np.arange(i * per_client, (i + 1) * per_client) for i in range(num_clients)]
+    return {"x": x, "y": y, "clients": clients, "num_classes": classes}

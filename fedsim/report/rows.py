@@ -96,8 +96,8 @@ def merge_columns(row: dict[str, Any], cols: dict[str, Any]) -> dict[str, Any]:
     cols = dict(cols)
     diag = cols.pop(NON_PRIVATE, None)
     row.update(cols)
-    if diag:
-        row[NON_PRIVATE] = {**row.get(NON_PRIVATE, {}), **diag}
+    if diag:  # in place: the loop keeps adding to the row's non_private dict after evaluation (round_time_s)
+        row.setdefault(NON_PRIVATE, {}).update(diag)
     return row
 
 
