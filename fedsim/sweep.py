@@ -404,10 +404,13 @@ def plot_privacy_utility(runs: list[SweepRun], path: Path, *, line: str | None, 
             eps_all.extend(eps)
         order = np.argsort(xs)
         for (point, _), x, y in zip(points.items(), xs, ys, strict=True):  # which setting each point is
-            text = ", ".join(f"{k.rsplit('.', 1)[-1]}={json.loads(v)}" for k, v in point)
+            text = ", ".join(
+                str(json.loads(v)) if len(point) == 1 else f"{k.rsplit('.', 1)[-1]}={json.loads(v)}"
+                for k, v in point
+            )
             if text:
                 ax.annotate(
-                    text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=f"C{i}"
+                    text, (x, y), textcoords="offset points", xytext=(3, 5), fontsize=7, color=f"C{i}"
                 )
         label = f"{line} = {name}" if line else str(name)
         ax.errorbar(
@@ -420,14 +423,21 @@ def plot_privacy_utility(runs: list[SweepRun], path: Path, *, line: str | None, 
             label=label,
         )
     if eps_all and max(eps_all) > 10 * max(min(eps_all), 1e-12):
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 2, 5, 10, 20 rather than 2x10^0
+        ax.xaxis.set_minor_formatter(NullFormatter())
     first = ok[0].result
     ax.set_xlabel(f"certified epsilon at delta = {first.get('delta')} ({first.get('accountant')})")
     ax.set_ylabel("final held-out client-level accuracy (%)")
     seeds = sorted({r.seed for r in ok})
     ax.set_title(f"{title}: privacy-utility, {len(ok)} runs, mean and sd over {len(seeds)} seed(s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    point_keys = sorted({k for r in ok for k in r.setting if k != line})
+    legend_title = ("points: " + ", ".join(k.rsplit(".", 1)[-1] for k in point_keys)) if point_keys else None
+    ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
     return _save(fig, path)
 
 
