@@ -73,7 +73,9 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
         rows.append(row)
     summary = _json_or_none(path / "summary.json")
     ledger = _json_or_none(path / "ledger.json")
-    return {"path": path, "rows": rows, "summary": summary or {}, "ledger": ledger, "name": path.name}
+    # a sweep's runs are <setting>/seed<k>: the seed alone would not say which run a plot is of
+    name = f"{path.parent.name}/{path.name}" if path.name.startswith("seed") else path.name
+    return {"path": path, "rows": rows, "summary": summary or {}, "ledger": ledger, "name": name}
 
 
 def _row_problems(row: Any) -> list[str]:
@@ -219,7 +221,7 @@ def plot_generalization(run: dict[str, Any], path: Path) -> Path:
     top.plot(
         [], [], "s", color="grey", alpha=0.3, ms=10, label=f"no statement ({len(none)} of {len(rows)} rounds)"
     )
-    if not ok.any() and rows:
+    if not ok.any() and rows:  # said in the empty lower panel, where it hides no data
         last = rows[-1].get("generalization") or {}
         n_min, eps = (
             last.get("n_min"),
@@ -230,17 +232,18 @@ def plot_generalization(run: dict[str, Any], path: Path) -> Path:
             if isinstance(n_min, int)
             else "gives no statement for any number of clients"
         )
-        top.text(
+        bottom.text(
             0.5,
             0.5,
-            f"no statement at any round: at the final epsilon {eps:.3g} Theorem 1 {need};\nthis run has {population}",
-            transform=top.transAxes,
+            f"no statement at any round:\nat the final epsilon {eps:.3g}, Theorem 1 {need}\n(this run has {population})",
+            transform=bottom.transAxes,
             ha="center",
+            va="center",
             fontsize=9,
-            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "grey"},
+            bbox={"facecolor": "white", "alpha": 0.9, "edgecolor": "grey"},
         )
     top.set_ylabel("generalization gap (loss)")
-    top.set_title(f"{run['name']}: what privacy implies about generalization over {population} clients")
+    top.set_title(f"{run['name']}: generalization implied by privacy ({population} clients)")
     top.grid(True, alpha=0.3)
     top.legend(fontsize=8)
     if np.isfinite(b).any():
