@@ -46,6 +46,36 @@ from .run_config import load_for_run, model_record
 app = ServerApp()
 
 
+#: run config key that accepts distributed noise without secure aggregation (see :func:`check_noise_placement`)
+DISTRIBUTED_OPT_IN = "distributed-without-secagg"
+
+
+def check_noise_placement(scenario: Any, opted_in: bool) -> None:
+    """Refuse ``noise_placement = "distributed"`` in deployment unless the operator opted in.
+
+    fedsim has no secure aggregation: the server receives every client's update with only that client's share of
+    the noise, std ``z * clip / sqrt(m)`` for a cohort of m, so against the server a client is protected by
+    ``1/sqrt(m)`` of the noise that the ledger's epsilon accounts. That epsilon then holds only against parties who
+    see no more than the aggregate (the released model), not against the server. Opting in says so in the log."""
+    if scenario.privacy.noise_placement != "distributed":
+        return
+    if not opted_in:
+        raise ValueError(
+            "privacy.noise_placement = 'distributed' is refused in deployment: fedsim has no secure aggregation, "
+            "so the server receives each client's update carrying only that client's share of the noise, and "
+            "against the server the certified epsilon does not hold. Use noise_placement = 'central' (the server "
+            "adds the noise: epsilon holds against everyone who sees the released model), or, if the server is "
+            f"trusted and only third parties must be kept out, set the run config {DISTRIBUTED_OPT_IN} = true"
+        )
+    log(
+        WARNING,
+        "%s = true: distributed noise WITHOUT secure aggregation. The server sees every client's update with only "
+        "the client's own noise share; the certified epsilon holds against third parties who see the released "
+        "model, not against this server",
+        DISTRIBUTED_OPT_IN,
+    )
+
+
 def _flag(run_config: dict[str, Any], key: str, default: bool) -> bool:
     value = run_config.get(key, default)
     if isinstance(value, str):
@@ -114,6 +144,7 @@ def main(grid: Grid, context: Context) -> None:
             "training-client metrics will be logged and written; epsilon does NOT cover them",
         )
 
+    check_noise_placement(scenario, _flag(cfg, DISTRIBUTED_OPT_IN, False))
     writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
     writer.begin(scenario_to_toml(scenario))
     writer.write_json("data.json", data.describe())

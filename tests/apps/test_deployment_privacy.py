@@ -111,9 +111,19 @@ def test_the_attack_recovers_seeded_noise(tmp_path):
     assert np.max(np.abs(noise - _regenerated(0, noise.size))) < 1e-4
 
 
+def test_deployed_distributed_noise_is_refused_without_secure_aggregation_unless_opted_in(tmp_path):
+    overrides = f"{BASE} privacy.noise_placement=distributed"
+    with pytest.raises(ValueError, match="refused in deployment: fedsim has no secure aggregation"):
+        _deploy(tmp_path, "refused", overrides)
+    assert not (tmp_path / "refused").exists()  # refused before anything ran or was written
+    grid = _deploy(tmp_path, "opted-in", overrides, **{server_module.DISTRIBUTED_OPT_IN: True})
+    assert grid.replies and (tmp_path / "opted-in" / "metrics.jsonl").is_file()
+
+
 def test_deployed_distributed_shares_come_from_os_entropy_and_replies_carry_no_raw_statistic(tmp_path):
     overrides = f"{BASE} privacy.noise_placement=distributed privacy.adaptive_clip=true"
-    runs = [_deploy(tmp_path, name, overrides) for name in ("a", "b")]
+    opt_in = {server_module.DISTRIBUTED_OPT_IN: True}
+    runs = [_deploy(tmp_path, name, overrides, **opt_in) for name in ("a", "b")]
     (w0a, _), (ra, _) = _train_rounds(runs[0])
     (w0b, _), (rb, _) = _train_rounds(runs[1])
     np.testing.assert_array_equal(w0a, w0b)  # same initial model (the seed still sets model and data)

@@ -73,41 +73,10 @@ def test_a_sweep_writes_its_table_and_plot_and_a_restart_skips_finished_runs(tmp
 
 
 def test_a_sweep_on_ray_gives_the_same_table_as_one_after_the_other(tmp_path):
-    grid = ["--grid", "privacy.noise_multiplier=0.8,2.0"]
-    assert (
-        main(
-            [
-                "sweep",
-                "noise-sweep",
-                *grid,
-                "--seeds",
-                "1",
-                "--parallel",
-                "2",
-                *TINY,
-                "--out",
-                str(tmp_path / "ray"),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "sweep",
-                "noise-sweep",
-                *grid,
-                "--seeds",
-                "1",
-                "--parallel",
-                "1",
-                *TINY,
-                "--out",
-                str(tmp_path / "seq"),
-            ]
-        )
-        == 0
-    )
+    grid = ["--grid", "privacy.noise_multiplier=0.8,2.0", "--seeds", "1"]
+    for parallel, out in (("2", "ray"), ("1", "seq")):
+        argv = ["sweep", "noise-sweep", *grid, "--parallel", parallel, *TINY, "--out", str(tmp_path / out)]
+        assert main(argv) == 0, parallel
     ray_rows, seq_rows = _csv(tmp_path / "ray" / "sweep.csv"), _csv(tmp_path / "seq" / "sweep.csv")
     for a, b in zip(ray_rows, seq_rows, strict=True):
         assert a["status"] == b["status"] == "done"
