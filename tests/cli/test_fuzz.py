@@ -22,7 +22,7 @@ import tomli_w
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fedsim.cli import EXIT_FAILURES, EXIT_USAGE, main
+from fedsim.cli import EXIT_BUDGET, EXIT_FAILURES, EXIT_USAGE, main
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario
 
 QUICKSTART = Path(load_scenario.__code__.co_filename).parent / "quickstart.toml"
@@ -162,8 +162,12 @@ def test_fedsim_run_on_bad_input_exits_2_without_a_traceback(tmp_path, data):
     code, out, err = _cli(argv)
     event(f"exit {code}")
     assert "Traceback" not in err, err
-    # 4: most clients failed (say a step size that diverges at once): the run says so and stops, as it must
-    assert code in (0, EXIT_USAGE) or (code == EXIT_FAILURES and "failures: stopping at round 1" in out), (
+    # 3: privacy.max_epsilon below one round's epsilon; 4: most clients failed (say a step size that diverges at
+    # once): the run says why it stopped, as it must
+    stopped = (code == EXIT_BUDGET and "budget: stopping before round 1" in out) or (
+        code == EXIT_FAILURES and "failures: stopping at round 1" in out
+    )
+    assert code in (0, EXIT_USAGE) or stopped, (
         code,
         err,
     )
