@@ -17,3 +17,11 @@ if "FEDSIM_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="fedsim-test-cache-")
     os.environ["FEDSIM_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+# Hypothesis (tests/cli/test_fuzz.py): under CI the examples are derived from each test, not drawn afresh, so a
+# red build is reproducible and never a new draw's luck; locally every run explores new inputs.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    _hypothesis_settings.load_profile("ci")
