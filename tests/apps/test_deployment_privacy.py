@@ -161,3 +161,30 @@ def test_deployed_rows_hold_only_private_values_unless_diagnostics_are_asked_for
     _deploy(tmp_path, "loud", diagnostics=True)
     rows = [json.loads(x) for x in (tmp_path / "loud" / "metrics.jsonl").read_text().splitlines() if x]
     assert all(r["non_private"]["cohort"] == NODES and "train_accuracy" in r["non_private"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        "privacy.sampling=poisson privacy.sampling_rate=0.5",
+        "privacy.sampling=fixed privacy.sampling_rate=none privacy.clients_per_round=2",
+    ],
+)
+def test_a_deployed_run_has_the_ledger_and_epsilons_of_the_simulated_run(tmp_path, sampling):
+    """Same scenario and rounds, deployed (OS entropy, one node per training client) and simulated (seeded): the
+    same releases are accounted, so the ledgers and the certified epsilons are equal; the noise is not."""
+    import json
+
+    from fedsim.engine.runner import run_scenario
+    from fedsim.scenarios import load_scenario
+
+    overrides = f"{BASE.replace('privacy.sampling=all privacy.sampling_rate=none ', '')} {sampling}"
+    _deploy(tmp_path, "deployed", overrides)
+    simulated = run_scenario(load_scenario("quickstart", overrides.split()), tmp_path / "simulated")
+    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("deployed", "simulated")]
+    assert ledgers[0] == ledgers[1] and len(ledgers[0]["releases"]) == 2
+    rows = [json.loads(x) for x in (tmp_path / "deployed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in simulated.rows]
+    assert [r["randomness"] for r in rows] == ["os-entropy"] * 2 and simulated.rows[0][
+        "randomness"
+    ] == "seeded"

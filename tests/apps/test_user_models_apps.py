@@ -105,3 +105,6 @@ def test_a_user_model_trains_through_every_engine_and_the_deployed_apps(
     assert len(train_replies) == 10 and not any(r.has_error() for r in train_replies)
     rows = [json.loads(x) for x in (tmp_path / "deployed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all(np.isfinite(r["heldout_loss"]) for r in rows)
+    # what was released is accounted the same: the deployed ledger is the simulated one (the noise values differ)
+    deployed = json.loads((tmp_path / "deployed" / "ledger.json").read_text())
+    assert deployed == json.loads((tmp_path / "local" / "ledger.json").read_text())
