@@ -1,0 +1,58 @@
+"""A real deployment with TLS and SuperNode authentication: one SuperLink and two SuperNodes on loopback, non-default
+ports, a temporary FLWR_HOME, `flwr run` of this Flower App for 2 rounds of DPFedAvg (``scripts/deploy_smoke.sh
+--secure``, which the README's deployment section follows step by step).
+
+Before the run the script starts a SuperNode whose key was never registered and one that does not speak TLS, and
+requires both to be refused. It stops every process it started by its PID (process group) on exit, failure
+included; this test kills the script's own group if it overruns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "deploy_smoke.sh"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the script uses setsid and /dev/tcp")
+def test_tls_and_supernode_authentication_run_two_rounds_and_refuse_strangers(tmp_path):
+    env = {
+        **os.environ,
+        "FEDSIM_SMOKE_RUN_DIR": str(tmp_path / "server-run"),
+        "FEDSIM_SMOKE_PORT": "19291",
+        "FEDSIM_SMOKE_NODE_PORTS": "19301 19302",
+        "FEDSIM_SMOKE_REFUSED_PORT": "19310",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "--secure"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the script's trap then stops what it started
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"the secure deployment did not finish in 420 s:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-6000:]
+    assert "registered 2 SuperNode public keys" in out
+    assert "refused as it must be: unregistered SuperNode" in out
+    assert "refused as it must be: no-tls SuperNode" in out
+    assert "deploy smoke OK (TLS + SuperNode authentication)" in out
+    rows = [json.loads(x) for x in (tmp_path / "server-run" / "metrics.jsonl").read_text().splitlines() if x]
+    assert [r["round"] for r in rows] == [1, 2] and all(r["epsilon"] > 0 for r in rows)
+    # diagnostics=true in the script: both rounds received both replies, none rejected
+    assert all(r["non_private"]["received"] == 2 and r["non_private"]["rejected"] == 0 for r in rows)
