@@ -173,6 +173,8 @@ for i in $(seq 0 $((NUM_NODES - 1))); do
 done
 echo "started SuperLink (127.0.0.1:$LINK_PORT, $([[ $SECURE -eq 1 ]] && echo 'TLS, SuperNode authentication' || echo insecure)) and $NUM_NODES SuperNodes; pids ${PIDS[*]}"
 
+echo "scenario overrides: $OVERRIDES"
+
 # 4. the run, followed until it ends
 cd "$APP"
 set +e

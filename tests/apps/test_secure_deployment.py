@@ -3,7 +3,8 @@ ports, a temporary FLWR_HOME, `flwr run` of this Flower App for 2 rounds of DPFe
 --secure``, which the README's deployment section follows step by step).
 
 Before the run the script starts a SuperNode whose key was never registered and one that does not speak TLS, and
-requires both to be refused. It stops every process it started by its PID (process group) on exit, failure
+requires both to be refused. After it, the server's ledger and certified epsilons must equal those of the same
+scenario simulated with ``fedsim run``. It stops every process it started by its PID (process group) on exit, failure
 included; this test kills the script's own group if it overruns.
 """
 
@@ -56,3 +57,16 @@ def test_tls_and_supernode_authentication_run_two_rounds_and_refuse_strangers(tm
     assert [r["round"] for r in rows] == [1, 2] and all(r["epsilon"] > 0 for r in rows)
     # diagnostics=true in the script: both rounds received both replies, none rejected
     assert all(r["non_private"]["received"] == 2 and r["non_private"]["rejected"] == 0 for r in rows)
+    assert all(r["randomness"] == "os-entropy" for r in rows)
+
+    # the same scenario and rounds simulated: the same ledger and certified epsilons (the noise values differ)
+    from fedsim.engine.runner import run_scenario
+    from fedsim.scenarios import load_scenario
+
+    overrides = next(line for line in out.splitlines() if line.startswith("scenario overrides: "))
+    sim = run_scenario(
+        load_scenario("quickstart", overrides.split(": ", 1)[1].split()), tmp_path / "simulated"
+    )
+    deployed_ledger = json.loads((tmp_path / "server-run" / "ledger.json").read_text())
+    assert deployed_ledger == json.loads((tmp_path / "simulated" / "ledger.json").read_text())
+    assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in sim.rows]
