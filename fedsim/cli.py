@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
         return EXIT_BUDGET
     if result.stopped_by == "failures":
-        console.print(f"[red]failures: {result.stopped_reason}[/red]")
+        console.print(f"[red]failures: {result.stopped_detail or result.stopped_reason}[/red]")
         return EXIT_FAILURES
     return 0
 
@@ -246,7 +246,7 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
     planned = summary.get("rounds_planned", "?")
     stop = f"; stopped: {summary['stopped_reason']}" if summary.get("stopped_reason") else ""
     console.print(f"rounds: {len(rows)} of {planned}{stop}")
-    diag = last.get("non_private", {})
+    diag = last.get("non_private") or {}
     if last.get("heldout_accuracy") is not None:
         gap = diag.get("gap_accuracy")
         train = diag.get("train_accuracy")

@@ -67,6 +67,8 @@ class RunResult:
     #: why the run stopped early: ``"budget"`` (``privacy.max_epsilon``) or ``"failures"`` (more than
     #: ``engine.max_failed_fraction`` of a round's cohort failed); ``None`` when it ran every round
     stopped_by: str | None = None
+    #: with diagnostics on, why exactly (failure counts, the first client error): non-private
+    stopped_detail: str | None = None
 
 
 def run_rounds(
@@ -114,6 +116,7 @@ def run_rounds(
     timings = dict(timings or {})
     stopped: str | None = None
     stopped_by: str | None = None
+    stopped_detail: str | None = None
     accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
     pending: tuple[dict[str, Any], Future] | None = None
 
@@ -156,7 +159,14 @@ def run_rounds(
                 t, partial, int(plan.cohort.size), scenario.engine.max_failed_fraction
             )
             if too_many is not None:  # nothing of this round is released, so nothing is accounted
-                stopped, stopped_by = _with_first_error(too_many, client_metrics), "failures"
+                # the counts and the client's error are exact facts about clients: non-private, never at the top
+                stopped, stopped_by = (
+                    f"stopping at round {t}: more than engine.max_failed_fraction="
+                    f"{scenario.engine.max_failed_fraction:g} of its sampled clients failed; the round was not "
+                    "released, earlier rounds are written",
+                    "failures",
+                )
+                stopped_detail = _with_first_error(too_many, client_metrics) if diagnostics else None
                 break
             weights, m = strategy.finish_round(plan, weights, partial, account=False)
             row: dict[str, Any] = {
@@ -168,7 +178,7 @@ def run_rounds(
             }
             # timings grow with the realised cohort: diagnostics, like the exact counts
             diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
-            trained = [c for c in client_metrics if "train_loss" in c]
+            trained = [c for c in client_metrics if "train_loss" in c and "failed" not in c]
             if trained:
                 diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in trained]))
                 # which paths trained the cohort (per-layer, vmap, loop; a chunk that raised is retried on the loop)
@@ -202,7 +212,14 @@ def run_rounds(
             timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (time.perf_counter() - t0)
         )
         result = RunResult(
-            writer.path if writer else None, rows, weights, strategy, stopped, timings, stopped_by
+            writer.path if writer else None,
+            rows,
+            weights,
+            strategy,
+            stopped,
+            timings,
+            stopped_by,
+            stopped_detail,
         )
         if writer:
             writer.close()
