@@ -97,6 +97,7 @@ class _Worker:
         share: float,
         client_weights: dict[int, float] | None = None,
         loss_bound: float | None = None,
+        *,
         noise_seed: int | None = None,
         count_share_std: float = 0.0,
     ) -> Iterator[tuple[PartialSum, list[dict[str, Any]]]]:
@@ -121,6 +122,17 @@ class _Worker:
             for m in metrics:
                 m["node"] = node
             yield partial, metrics
+
+    def train_whole(
+        self, server_round: int, client_ids: list[int], weights: np.ndarray, *args: Any, **kw: Any
+    ):
+        """:meth:`train` in one reply: ``(partial, metrics)`` of ``client_ids`` (one client, when the driver
+        isolates the clients a lost worker had not reported)."""
+        partial, metrics = PartialSum(self.trainer.dim), []
+        for unit, new in self.train(server_round, client_ids, weights, *args, **kw):
+            partial.merge(unit)
+            metrics.extend(new)
+        return partial, metrics
 
     def evaluate(self, client_ids: list[int], weights: np.ndarray) -> np.ndarray:
         return self.trainer.evaluate(client_ids, weights)
@@ -199,10 +211,15 @@ class RayEngine:
         """Each worker streams a partial sum per unit of work (:meth:`_Worker.train`); they are merged per worker
         in the order sent, then across workers in worker order (so a seeded run is bit for bit reproducible).
 
-        A worker that dies mid-round (``worker_lost``) or has not finished by ``round_timeout_s`` (``timeout``;
-        it is killed) contributes what the driver had received from it: the clients it had not reported are
-        counted as failed (a killed process can take its last few reports with it), never trained twice, and the
-        worker is replaced before this call returns."""
+        One client's fault never changes another client's contribution. A worker that dies mid-round
+        (``worker_lost``: a client's data killed it, or the node went away) or has not finished by
+        ``round_timeout_s`` (it is killed: some client hangs) loses what it had not reported, and which of its
+        clients caused it is unknown (a killed process can take its last few streamed reports with it). So it is
+        replaced at once, and every client it had not reported is trained again alone
+        (:meth:`_isolate`): one client per worker at a time, each with its own ``round_timeout_s``. Only a
+        client whose own training kills or outlasts its worker there is a zero update; the others are in the sum
+        before the round is released, each exactly once (what the driver received is never trained again).
+        A round with such a fault can take up to twice ``round_timeout_s``, plus the workers' restarts."""
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
@@ -212,20 +229,8 @@ class RayEngine:
         streams: dict[int, Any] = {}
         for i, share in enumerate(shares):
             if share:
-                streams[i] = (
-                    self.workers[i]
-                    .train.options(num_returns="streaming")
-                    .remote(
-                        plan.round,
-                        share,
-                        w_ref,
-                        plan.clip,
-                        plan.noise_share_std,
-                        None if plan.client_weights is None else {c: plan.client_weights[c] for c in share},
-                        plan.loss_bound,
-                        plan.noise_seed,
-                        plan.count_share_std,
-                    )
+                streams[i] = self._call(
+                    self.workers[i].train.options(num_returns="streaming"), plan, share, w_ref
                 )
         sums = {i: PartialSum(self.dim) for i in streams}
         reported: dict[int, list[dict[str, Any]]] = {i: [] for i in streams}
@@ -253,16 +258,91 @@ class RayEngine:
                 reported[i].extend(metrics)
         total = PartialSum(self.dim)
         out: list[dict[str, Any]] = []
+        unreported: list[int] = []
         for i in sorted(streams):
             total.merge(sums[i])
             position = {c: j for j, c in enumerate(shares[i])}
             out.extend(sorted(reported[i], key=lambda m: position[m["client"]]))
             if i in lost:
                 done = {m["client"] for m in reported[i]}
-                missing = [c for c in shares[i] if c not in done]
-                total.reject(len(missing), reason=lost[i])
-                out.extend({"client": c, "failed": lost[i], "update_norm": math.nan} for c in missing)
+                unreported.extend(c for c in shares[i] if c not in done)
                 self._replace(i, f"{lost[i]} in round {plan.round}")
+        if unreported:
+            log.warning(
+                "round %d: training the %d clients that the lost workers had not reported again, one at a time",
+                plan.round,
+                len(unreported),
+            )
+            partial, metrics = self._isolate(plan, unreported, w_ref)
+            total.merge(partial)
+            out.extend(metrics)
+        return total, out
+
+    def _call(self, method: Any, plan: Any, clients: list[int], w_ref: Any) -> Any:
+        """``method.remote`` (a worker's ``train`` or ``train_whole``) for ``clients`` under ``plan``."""
+        weights = None if plan.client_weights is None else {c: plan.client_weights[c] for c in clients}
+        return method.remote(
+            plan.round,
+            clients,
+            w_ref,
+            plan.clip,
+            plan.noise_share_std,
+            weights,
+            plan.loss_bound,
+            noise_seed=plan.noise_seed,
+            count_share_std=plan.count_share_std,
+        )
+
+    def _isolate(self, plan: Any, clients: list[int], w_ref: Any) -> tuple[PartialSum, list[dict[str, Any]]]:
+        """Train ``clients`` one at a time per worker, each with its own deadline (``round_timeout_s`` from when it
+        starts), so that a worker that dies or hangs is training exactly one client: that client is the fault and
+        contributes zero (``worker_lost`` or ``timeout``); the worker is replaced and the next client goes on.
+
+        The results are merged in the order of ``clients`` (the same sum whichever worker trained which)."""
+        import ray  # as above
+
+        lost_errors = _lost_worker_errors()
+        queue = list(clients)
+        results: dict[int, tuple[PartialSum, list[dict[str, Any]]]] = {}
+        running: dict[int, tuple[int, Any, float | None]] = {}  # worker -> (client, future, deadline)
+
+        def fail(i: int, client: int, reason: str, why: str) -> None:
+            partial = PartialSum(self.dim)
+            partial.reject(reason=reason)
+            results[client] = (partial, [{"client": client, "failed": reason, "update_norm": math.nan}])
+            self._replace(i, f"{why} (client {client}, trained alone) in round {plan.round}")
+
+        while queue or running:
+            for i in range(self.num_workers):
+                if i not in running and queue:
+                    c = queue.pop(0)
+                    limit = None if self.round_timeout_s is None else time.monotonic() + self.round_timeout_s
+                    running[i] = (c, self._call(self.workers[i].train_whole, plan, [c], w_ref), limit)
+            limits = [t for _, _, t in running.values() if t is not None]
+            wait_s = None if not limits else max(0.0, min(limits) - time.monotonic())
+            ready, _ = ray.wait([f for _, f, _ in running.values()], num_returns=1, timeout=wait_s)
+            done, now = set(ready), time.monotonic()
+            for i, (c, future, limit) in list(running.items()):
+                if future in done:
+                    del running[i]
+                    try:
+                        partial, metrics = ray.get(future)
+                    except lost_errors as exc:
+                        log.warning(
+                            "round %d: client %d killed its Ray worker: %s", plan.round, c, _first_line(exc)
+                        )
+                        fail(i, c, "worker_lost", "worker_lost")
+                        continue
+                    results[c] = (partial, metrics)
+                elif limit is not None and now >= limit:
+                    del running[i]
+                    log.warning("round %d: client %d did not finish within round_timeout_s", plan.round, c)
+                    fail(i, c, "timeout", "timeout")
+        total, out = PartialSum(self.dim), []
+        for c in clients:
+            partial, metrics = results[c]
+            total.merge(partial)
+            out.extend(metrics)
         return total, out
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
