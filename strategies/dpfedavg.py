@@ -57,6 +57,32 @@ from .server_opt import ServerOptimizer
 NON_PRIVATE = "non_private"
 
 
+def check_distributed_noise(noise_placement: str, opted_in: bool, opt_in: str) -> None:
+    """Refuse ``noise_placement = "distributed"`` on real Flower nodes unless the operator opted in (``opt_in``
+    names how). fedsim has no secure aggregation: the server receives every client's update with only that
+    client's share of the noise, std ``z * clip / sqrt(m)`` for an expected cohort of m, so against the server a
+    client is protected by ``1/sqrt(m)`` of the noise that the ledger's epsilon accounts. That epsilon then holds
+    only against parties who see no more than the aggregate (the released model), not against the server.
+    Opting in says so in the log."""
+    if noise_placement != "distributed":
+        return
+    if not opted_in:
+        raise ValueError(
+            "noise_placement = 'distributed' is refused with Flower nodes: fedsim has no secure aggregation, so "
+            "the server receives each client's update carrying only that client's share of the noise, and against "
+            "the server the certified epsilon does not hold. Use noise_placement = 'central' (the server adds the "
+            "noise: epsilon holds against everyone who sees the released model), or, if the server is trusted and "
+            f"only third parties must be kept out, opt in with {opt_in}"
+        )
+    log(
+        WARNING,
+        "%s: distributed noise WITHOUT secure aggregation. The server sees every client's update with only the "
+        "client's own noise share; the certified epsilon holds against third parties who see the released model, "
+        "not against this server",
+        opt_in,
+    )
+
+
 class BudgetExhausted(PrivacyBudgetExhausted):
     """Raised before a round whose release would take the certified epsilon above ``max_epsilon``.
 
@@ -124,8 +150,11 @@ class DPFedAvg(Strategy):
     clip : L2 bound on one client's update (flat norm over all arrays). With adaptive clipping, the start.
     noise_multiplier : z; the noise on the sum has std ``z * clip``.
     noise_placement : ``"central"`` (the server adds the noise) or ``"distributed"`` (each sampled client
-        clips and adds a share ``N(0, (z*clip)^2 / cohort_size)``; the server tops up missing shares).
-        The total noise and the accounting are the same.
+        clips and adds a share ``N(0, (z*clip)^2 / expected_cohort)``; the server tops up the shares missing
+        below the expected cohort). The total noise is at least the accounted one; the accounting is the same.
+        The share depends only on public parameters (not on how many clients were sampled). With Flower
+        (:meth:`start`), distributed noise is refused unless ``distributed_without_secagg=True``: fedsim has no
+        secure aggregation, so the server sees each update with only its client's share.
     adaptive_clipping : :class:`AdaptiveClipping` or None for a fixed clip.
     server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
     delta, accountant, max_epsilon : the certified epsilon is computed at ``delta`` with ``accountant``
@@ -144,6 +173,9 @@ class DPFedAvg(Strategy):
         default: without it, only noised or public quantities leave the strategy through Flower.
     ledger : a ledger to continue (e.g. ``Ledger.load("ledger.json")`` of an earlier run): its releases count
         toward ``max_epsilon`` and new rounds are recorded after its last round.
+    distributed_without_secagg : accept ``noise_placement="distributed"`` in :meth:`start` although fedsim has no
+        secure aggregation (:func:`check_distributed_noise`); the certified epsilon then holds against parties who
+        see the released model, not against this server.
     """
 
     def __init__(
@@ -165,6 +197,7 @@ class DPFedAvg(Strategy):
         fraction_evaluate: float = 0.0,
         diagnostics: bool = False,
         ledger: Ledger | None = None,
+        distributed_without_secagg: bool = False,
     ) -> None:
         # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
         one_of("sampling", sampling, SAMPLINGS)
@@ -202,6 +235,7 @@ class DPFedAvg(Strategy):
         self.population = population
         self.fraction_evaluate = fraction_evaluate
         self.diagnostics = bool(diagnostics)
+        self.distributed_without_secagg = bool(distributed_without_secagg)
         self.ledger = ledger if ledger is not None else Ledger()
         # a continued ledger: this run's round t is recorded as round (offset + t)
         self._round_offset = self.ledger.last_round
@@ -314,9 +348,10 @@ class DPFedAvg(Strategy):
         cohort = self.sampler.sample(server_round, ids, model)
         share, count_share = 0.0, 0.0
         if self.noise_placement == "distributed":
-            share = noise_share_std(self.noise_multiplier, self.clip, cohort.size)
+            # split over the expected cohort (public), never the realised one (which the share would reveal)
+            share = noise_share_std(self.noise_multiplier, self.clip, model.expected_cohort)
             if self.adaptive_clipping is not None:
-                count_share = noise_share_std(self._count_noise_multiplier(model), 1.0, cohort.size)
+                count_share = noise_share_std(self._count_noise_multiplier(model), 1.0, model.expected_cohort)
         return RoundPlan(
             server_round,
             cohort,
@@ -384,7 +419,6 @@ class DPFedAvg(Strategy):
             expected_cohort=plan.mechanism.expected_cohort,
             rng=self.noise.rng(plan.round, STREAM_NOISE),
             noise_placement=self.noise_placement,
-            cohort_size=int(plan.cohort.size),
         )
 
     def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
@@ -394,12 +428,11 @@ class DPFedAvg(Strategy):
             ac = self.adaptive_clipping
             z_b = self._count_noise_multiplier(model)
             rng = self.noise.rng(plan.round, STREAM_COUNT_NOISE)
-            if self.noise_placement == "distributed" and plan.cohort.size:
-                # the clients' noised bits, plus the shares of the clients whose bit did not arrive
-                missing = max(int(plan.cohort.size) - partial.count_shares, 0)
-                noisy = partial.unclipped_noised + rng.normal(
-                    0.0, z_b * math.sqrt(missing / plan.cohort.size)
-                )
+            if self.noise_placement == "distributed":
+                # the clients' noised bits, plus the shares missing below the expected cohort
+                expected = model.expected_cohort
+                missing = max(expected - partial.count_shares, 0.0)
+                noisy = partial.unclipped_noised + rng.normal(0.0, z_b * math.sqrt(missing / expected))
             else:
                 noisy = partial.unclipped + rng.normal(0.0, z_b)
             frac = noisy / model.expected_cohort
@@ -432,6 +465,14 @@ class DPFedAvg(Strategy):
             self.delta,
             self.max_epsilon,
         )
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Any:
+        """Flower's :meth:`Strategy.start`, after refusing distributed noise without secure aggregation (unless
+        ``distributed_without_secagg=True``): the same rule as fedsim's own ServerApp."""
+        check_distributed_noise(
+            self.noise_placement, self.distributed_without_secagg, "DPFedAvg(distributed_without_secagg=True)"
+        )
+        return super().start(grid, initial_arrays, *args, **kwargs)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

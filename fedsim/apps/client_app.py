@@ -1,8 +1,29 @@
 """The fedsim ClientApp: one node = one training client of the scenario.
 
-It trains with the same :class:`~fedsim.training.trainer.ClientTrainer` as the Ray engine and, when the
-server asks for distributed noise (``fedsim.noise-share-std`` in the config), clips its update and adds its
-own noise share before the update leaves the node. Nothing happens at import time.
+It trains with the same :class:`~fedsim.training.trainer.ClientTrainer` as the Ray engine. A node configured for
+distributed noise (:class:`NoisePolicy`) clips its update and adds its own noise share before the update leaves
+the node, with its own floor on the noise: it never takes the server's word for how much is enough. Nothing
+happens at import time.
+
+Node config (set by whoever runs the SuperNode, ``--node-config "partition-id=3 noise-multiplier=1.0 ..."``):
+
+====================  ===================================================================================
+key                   meaning
+====================  ===================================================================================
+``partition-id``      which training client of the scenario this node is
+``noise-multiplier``  this node adds distributed noise with at least this noise multiplier, whatever the
+                      run config says (without it: the run config's scenario decides, see :class:`NoisePolicy`)
+``clip``              the largest clip this node accepts (default: the scenario's clip; any clip with
+                      adaptive clipping, whose clip moves: the noise is relative to the clip either way)
+``noise-shares``      the largest number of shares the noise may be split into (default: the scenario's
+                      expected cohort): the node's share is at least ``z * clip / sqrt(noise-shares)``
+``count-noise-multiplier``  adaptive clipping: the floor on the noise of the node's unclipped bit
+``allow-evaluate``    ``true``: answer evaluate messages (exact example count, loss and accuracy of this
+                      client: not covered by epsilon). A node with distributed noise refuses them otherwise
+====================  ===================================================================================
+
+A node whose run config and node config ask for no distributed noise sends its raw update (central noise: the
+server is trusted to clip and noise it, as the threat model of central DP says).
 
 What a reply carries, and nothing more: the model (``global + update``); with agnostic FL, the client's bounded
 loss of the global model (a value in [0, 1] that the server adds to a noised, accounted sum). With distributed
@@ -19,11 +40,16 @@ asks; only fedsim's simulator builds a ClientApp with seeded shares (:func:`make
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedsim.experiment import build_strategy
 from fedsim.flower.grid import KEY_CLIENT_ID, KEY_PARTITION_ID
 from fedsim.flower.protocol import (
     CFG_CLIP,
@@ -37,6 +63,116 @@ from fedsim.flower.protocol import (
 from fedsim.round import flatten
 
 from .run_config import load_for_run, model_arrays
+
+#: node-config keys of :class:`NoisePolicy` (see the module docstring)
+NODE_NOISE_MULTIPLIER = "noise-multiplier"
+NODE_CLIP = "clip"
+NODE_SHARES = "noise-shares"
+NODE_COUNT_NOISE_MULTIPLIER = "count-noise-multiplier"
+NODE_ALLOW_EVALUATE = "allow-evaluate"
+#: relative slack for comparing the server's floats with the node's floor (float32/float64 round trips)
+_SLACK = 1e-9
+
+
+class NoiseRefused(ValueError):
+    """A message asks this node for less noise than it is configured to add (or for its raw update)."""
+
+
+@dataclass(frozen=True)
+class NoisePolicy:
+    """What a node requires before any update leaves it.
+
+    ``distributed``: the node clips and noises its own update; ``noise_multiplier``, ``clip`` (the largest clip it
+    accepts; ``inf``: any) and ``shares`` (the largest number of shares the noise may be split into) give its
+    floor on the share, ``noise_multiplier * clip / sqrt(shares)`` for the clip the message asks for;
+    ``count_noise_multiplier``: the same for the unclipped bit of adaptive clipping; ``source``: where the policy
+    came from (``node config`` or ``run config``), for the messages.
+    """
+
+    distributed: bool
+    noise_multiplier: float = 0.0
+    clip: float = math.inf
+    shares: float = 1.0
+    count_noise_multiplier: float = 0.0
+    allow_evaluate: bool = True
+    source: str = "run config"
+
+    @classmethod
+    def for_node(cls, scenario: Any, data: Any, node_config: dict[str, Any]) -> NoisePolicy:
+        """The node config's keys where set, else the run config's scenario (the expected cohort and the count
+        noise by the strategy's own rules). A node that does not trust the run config sets all of them."""
+        p = scenario.privacy
+        node = {k: v for k, v in node_config.items() if k in _NODE_KEYS}
+        distributed = NODE_NOISE_MULTIPLIER in node or p.noise_placement == "distributed"
+        if not distributed:
+            return cls(False, allow_evaluate=True, source="run config")
+        strategy = build_strategy(scenario, population=None, data=data)
+        model = strategy.mechanism(int(np.asarray(data.train_clients).size))
+        count_z = strategy._count_noise_multiplier(model) if p.adaptive_clip else 0.0
+        return cls(
+            distributed=True,
+            noise_multiplier=_positive(node, NODE_NOISE_MULTIPLIER, p.noise_multiplier),
+            clip=_positive(node, NODE_CLIP, math.inf if p.adaptive_clip else p.clip),
+            shares=_positive(node, NODE_SHARES, model.expected_cohort),
+            count_noise_multiplier=_positive(node, NODE_COUNT_NOISE_MULTIPLIER, count_z, zero_ok=True),
+            allow_evaluate=str(node.get(NODE_ALLOW_EVALUATE, "false")).strip().lower()
+            in ("1", "true", "yes"),
+            source="node config" if NODE_NOISE_MULTIPLIER in node else "run config",
+        )
+
+    def floor(self, clip: float) -> float:
+        """The smallest share std this node adds for ``clip``."""
+        return self.noise_multiplier * clip / math.sqrt(self.shares)
+
+    def check(self, config: Any) -> tuple[float, float, float]:
+        """``(clip, share std, count share std)`` to train with, from a train message's ``config``; raises
+        :class:`NoiseRefused` for a message that asks for the raw update, a larger clip or less noise than this
+        node's floor. The message's values are used when they are at least as private as the floor."""
+        why = f"this node adds its own noise (distributed, from its {self.source})"
+        share = _number(config.get(CFG_NOISE_STD))
+        if share is None or share <= 0:
+            raise NoiseRefused(
+                f"{why}, and the message asks for no noise share: it never sends an un-noised update"
+            )
+        clip = _number(config.get(CFG_CLIP))
+        if clip is None or clip <= 0:
+            raise NoiseRefused(f"{why}; the message's clip {config.get(CFG_CLIP)!r} is not a positive number")
+        if clip > self.clip * (1 + _SLACK):
+            raise NoiseRefused(f"{why}; the message asks for clip {clip:g}, above this node's {self.clip:g}")
+        need = self.floor(clip)
+        if share < need * (1 - _SLACK):
+            raise NoiseRefused(
+                f"{why}; the message asks for a noise share of std {share:.4g} at clip {clip:g}, below this node's "
+                f"floor {need:.4g} (noise multiplier {self.noise_multiplier:g} over at most {self.shares:g} shares)"
+            )
+        count = max(_number(config.get(CFG_COUNT_NOISE_STD, 0.0)) or 0.0, 0.0)  # 0: no bit is sent
+        count_need = self.count_noise_multiplier / math.sqrt(self.shares)
+        if 0 < count < count_need * (1 - _SLACK):
+            raise NoiseRefused(
+                f"{why}; the message asks for a noise share of std {count:.4g} on the unclipped bit, below this "
+                f"node's floor {count_need:.4g}"
+            )
+        return clip, share, count
+
+
+_NODE_KEYS = (NODE_NOISE_MULTIPLIER, NODE_CLIP, NODE_SHARES, NODE_COUNT_NOISE_MULTIPLIER, NODE_ALLOW_EVALUATE)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _positive(node: dict[str, Any], key: str, default: float, zero_ok: bool = False) -> float:
+    if key not in node:
+        return float(default)
+    v = _number(node[key])
+    if v is None or v < 0 or (v == 0 and not zero_ok):
+        raise ValueError(f"node config {key}={node[key]!r}: must be a positive number")
+    return v
 
 
 def _client_id(data, context: Context) -> int:
@@ -73,24 +209,28 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
     def _config(context: Context) -> dict:
         return {**defaults, **dict(context.run_config)} if defaults else dict(context.run_config)
 
+    def _policy(context: Context) -> tuple[Any, Any, NoisePolicy]:
+        scenario, data, trainer = load_for_run(_config(context))
+        return data, trainer, NoisePolicy.for_node(scenario, data, dict(context.node_config))
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        _scenario, data, trainer = load_for_run(_config(context))
+        data, trainer, policy = _policy(context)
         cid = _client_id(data, context)
         config = next(iter(msg.content.config_records.values()))
         server_round = int(config.get(CFG_ROUND, 0))
         global_arrays, flat = _global(msg)
-        share_std = float(config.get(CFG_NOISE_STD, 0.0))
         loss_bound = config.get(CFG_LOSS_BOUND)
         extra: dict[str, float] = {}
-        if share_std > 0:
-            # distributed noise: the trainer clips and adds this client's share before the update leaves it
-            count_share = float(config.get(CFG_COUNT_NOISE_STD, 0.0))
+        if policy.distributed:
+            # distributed noise: the trainer clips and adds this client's share before the update leaves it, at
+            # least as much as this node's own floor (a message asking for less is refused: an error reply)
+            clip, share_std, count_share = policy.check(config)
             partial, metrics = trainer.train(
                 server_round,
                 [cid],
                 flat,
-                float(config[CFG_CLIP]),
+                clip,
                 share_std,
                 noise_seed=noise_seed,
                 count_share_std=count_share,
@@ -121,7 +261,13 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        _, data, trainer = load_for_run(_config(context))
+        data, trainer, policy = _policy(context)
+        if not policy.allow_evaluate:
+            raise NoiseRefused(
+                f"this node adds its own noise (distributed, from its {policy.source}) and does not answer "
+                "evaluate messages, whose exact example count, loss and accuracy epsilon does not cover; start the "
+                f"SuperNode with --node-config '{NODE_ALLOW_EVALUATE}=true' to allow them"
+            )
         cid = _client_id(data, context)
         _, flat = _global(msg)
         _, n, loss_sum, correct = trainer.evaluate([cid], flat)[0]

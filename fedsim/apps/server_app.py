@@ -40,6 +40,7 @@ from fedsim.flower.grid_engine import GridEngine
 from fedsim.loop import RunResult, run_rounds
 from fedsim.report.rundir import RunWriter, new_run_dir
 from fedsim.scenarios import scenario_to_toml
+from fedsim.strategies.dpfedavg import check_distributed_noise
 
 from .run_config import load_for_run, model_record
 
@@ -51,28 +52,10 @@ DISTRIBUTED_OPT_IN = "distributed-without-secagg"
 
 
 def check_noise_placement(scenario: Any, opted_in: bool) -> None:
-    """Refuse ``noise_placement = "distributed"`` in deployment unless the operator opted in.
-
-    fedsim has no secure aggregation: the server receives every client's update with only that client's share of
-    the noise, std ``z * clip / sqrt(m)`` for a cohort of m, so against the server a client is protected by
-    ``1/sqrt(m)`` of the noise that the ledger's epsilon accounts. That epsilon then holds only against parties who
-    see no more than the aggregate (the released model), not against the server. Opting in says so in the log."""
-    if scenario.privacy.noise_placement != "distributed":
-        return
-    if not opted_in:
-        raise ValueError(
-            "privacy.noise_placement = 'distributed' is refused in deployment: fedsim has no secure aggregation, "
-            "so the server receives each client's update carrying only that client's share of the noise, and "
-            "against the server the certified epsilon does not hold. Use noise_placement = 'central' (the server "
-            "adds the noise: epsilon holds against everyone who sees the released model), or, if the server is "
-            f"trusted and only third parties must be kept out, set the run config {DISTRIBUTED_OPT_IN} = true"
-        )
-    log(
-        WARNING,
-        "%s = true: distributed noise WITHOUT secure aggregation. The server sees every client's update with only "
-        "the client's own noise share; the certified epsilon holds against third parties who see the released "
-        "model, not against this server",
-        DISTRIBUTED_OPT_IN,
+    """Refuse ``noise_placement = "distributed"`` in deployment unless the run config opts in
+    (:func:`fedsim.strategies.dpfedavg.check_distributed_noise`: the same rule as ``DPFedAvg.start``)."""
+    check_distributed_noise(
+        scenario.privacy.noise_placement, opted_in, f"the run config {DISTRIBUTED_OPT_IN} = true"
     )
 
 

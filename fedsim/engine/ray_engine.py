@@ -50,6 +50,8 @@ class LocalEngine:
         self.trainer = ClientTrainer(data, settings, device=device)
         self.dim = self.trainer.dim
         self.num_workers = 1
+        #: the training path the cohort takes (``per-layer``, ``vmap`` or ``loop``), as configured and checked
+        self.training_path = self.trainer.path.name
 
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
         return self.trainer.train(
@@ -86,7 +88,12 @@ class _Worker:
         import ray  # as above
 
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "device": str(self.trainer.device), "pid": os.getpid()}
+        return {
+            "node_id": ctx.get_node_id(),
+            "device": str(self.trainer.device),
+            "pid": os.getpid(),
+            "path": self.trainer.path.name,
+        }
 
     def train(
         self,
@@ -201,6 +208,8 @@ class RayEngine:
         self._new_worker = lambda: actor.remote(data_ref, settings, int(max(1, num_cpus)))
         self.workers = [self._new_worker() for _ in range(num_workers)]
         self.infos = ray.get([w.info.remote() for w in self.workers])
+        #: the training path the workers chose (``per-layer``, ``vmap`` or ``loop``: the same check in each)
+        self.training_path = str(self.infos[0]["path"])
         self.dim = int(initial_weights(settings, data.input_shape, data.num_classes).size)
 
     def _shares(self, client_ids: np.ndarray) -> list[list[int]]:

@@ -7,7 +7,7 @@ key                              meaning
 ===============================  ================================================================
 ``server-round``                 the round
 ``fedsim.clip``                  the clip of this round (adaptive clipping changes it)
-``fedsim.noise-share-std``       distributed noise: the std of the share each client adds
+``fedsim.noise-share-std``       distributed noise: the std of the share each client adds (at least the node's own floor)
 ``fedsim.count-noise-share-std`` distributed noise with adaptive clipping: the share on the bit
 ``fedsim.loss-bound``            agnostic FL: report the loss of the global model, bounded by this
 ===============================  ================================================================

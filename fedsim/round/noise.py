@@ -46,11 +46,14 @@ def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray
     return rng.normal(0.0, std, size=dim) if std > 0 else np.zeros(dim)
 
 
-def noise_share_std(noise_multiplier: float, clip: float, cohort_size: int) -> float:
-    """Distributed noise: the std each of ``cohort_size`` sampled clients adds so the shares sum to
-    ``N(0, (z*clip)^2)``. The server tops up the shares of clients that did not reply (see
-    :func:`private_mean`), so the total never falls below the accounted noise."""
-    return noise_multiplier * clip / math.sqrt(cohort_size) if cohort_size > 0 else 0.0
+def noise_share_std(noise_multiplier: float, clip: float, shares: float) -> float:
+    """Distributed noise: the std each sampled client adds so that ``shares`` of them sum to
+    ``N(0, (z*clip)^2)``. ``shares`` is the **expected** cohort size, a public parameter, never the realised one:
+    a share computed from the realised cohort would tell every sampled client how many were sampled (under
+    Poisson sampling that count is not covered by epsilon). The server tops up the shares below ``shares`` that
+    did not arrive (see :func:`private_mean`), so the total never falls below the accounted noise; a realised
+    cohort larger than expected adds more noise than accounted (never less)."""
+    return noise_multiplier * clip / math.sqrt(shares) if shares > 0 else 0.0
 
 
 def private_mean(
@@ -61,14 +64,13 @@ def private_mean(
     expected_cohort: float,
     rng: np.random.Generator,
     noise_placement: str = "central",
-    cohort_size: int = 0,
 ) -> tuple[np.ndarray, float]:
     """``(sum of clipped updates + N(0, (z*clip)^2 I)) / expected_cohort``.
 
-    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each of the
-    ``cohort_size`` sampled clients already added a share of variance ``(z*clip)^2/cohort_size``; the server
-    adds the missing shares of the clients whose reply did not arrive or was rejected (and all of it for an
-    empty cohort), so the total noise variance is ``(z*clip)^2`` in every case.
+    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each sampled client
+    that replied added a share of variance ``(z*clip)^2/expected_cohort`` (:func:`noise_share_std`); the server adds
+    the shares missing below ``expected_cohort`` (clients that were not sampled, did not reply or were rejected),
+    so the total noise variance is at least ``(z*clip)^2`` in every case.
     """
     if expected_cohort <= 0:
         raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
@@ -76,11 +78,7 @@ def private_mean(
     if noise_placement == "central":
         server_var = full_var
     elif noise_placement == "distributed":
-        if cohort_size <= 0:
-            server_var = full_var
-        else:
-            missing = max(cohort_size - partial.noise_shares, 0)
-            server_var = full_var * missing / cohort_size
+        server_var = full_var * max(expected_cohort - partial.noise_shares, 0.0) / expected_cohort
     else:
         raise ValueError(
             f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}"

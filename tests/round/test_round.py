@@ -139,7 +139,6 @@ def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares()
         expected_cohort=n,
         rng=make_rng(0, 0, 2),
         noise_placement="distributed",
-        cohort_size=n,
     )
     assert server_std == 0.0
     assert np.std(full.total) == pytest.approx(z * clip, rel=0.02)
@@ -153,7 +152,6 @@ def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares()
         expected_cohort=n,
         rng=make_rng(0, 0, 2),
         noise_placement="distributed",
-        cohort_size=n,
     )
     assert server_std == pytest.approx(z * clip * math.sqrt(0.5))
     assert np.std(mean * n) == pytest.approx(z * clip, rel=0.02)
