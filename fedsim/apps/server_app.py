@@ -130,7 +130,8 @@ def main(grid: Grid, context: Context) -> None:
     check_noise_placement(scenario, _flag(cfg, DISTRIBUTED_OPT_IN, False))
     writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
     writer.begin(scenario_to_toml(scenario))
-    writer.write_json("data.json", data.describe())
+    if diagnostics:  # exact examples per client and label statistics: not covered by epsilon
+        writer.write_json("data.json", data.describe())
     log(INFO, "run directory (on the server): %s", writer.path)
 
     def on_row(row: dict[str, Any]) -> None:

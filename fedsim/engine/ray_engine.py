@@ -26,6 +26,9 @@ from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weight
 
 log = logging.getLogger(__name__)
 
+#: how long a replacement worker may take to start (build its trainer) before the round fails loudly
+_START_TIMEOUT_S = 300.0
+
 
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
     from ray import exceptions as rx  # Ray is imported by the Ray engine only
@@ -383,7 +386,13 @@ class RayEngine:
         old = self.infos[i].get("pid")
         ray.kill(self.workers[i], no_restart=True)
         self.workers[i] = self._new_worker()
-        self.infos[i] = ray.get(self.workers[i].info.remote())
+        try:
+            self.infos[i] = ray.get(self.workers[i].info.remote(), timeout=_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"Ray worker {i} ({why}) could not be replaced: its successor did not start within "
+                f"{_START_TIMEOUT_S:.0f} s (is the Ray cluster short of the CPUs/GPUs a worker asks for?)"
+            ) from None
         self.replaced.append({"worker": i, "why": why, "old_pid": old, "new_pid": self.infos[i]["pid"]})
         log.warning("Ray worker %d (pid %s): %s; replaced by pid %s", i, old, why, self.infos[i]["pid"])
 

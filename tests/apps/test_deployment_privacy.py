@@ -158,7 +158,10 @@ def test_deployed_rows_hold_only_private_values_unless_diagnostics_are_asked_for
     )
     assert all("heldout_accuracy" in r and r["epsilon"] > 0 for r in rows)
     assert quiet.replies
+    # exact per-client statistics: written only with diagnostics
+    assert not (tmp_path / "quiet" / "data.json").exists()
     _deploy(tmp_path, "loud", diagnostics=True)
+    assert (tmp_path / "loud" / "data.json").is_file()
     rows = [json.loads(x) for x in (tmp_path / "loud" / "metrics.jsonl").read_text().splitlines() if x]
     assert all(r["non_private"]["cohort"] == NODES and "train_accuracy" in r["non_private"] for r in rows)
 
