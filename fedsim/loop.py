@@ -14,6 +14,7 @@ ledger. With ``max_epsilon`` set, the budget check needs it first: no overlap.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,8 +36,10 @@ from fedsim.report.rows import (
     summary,
 )
 from fedsim.report.rundir import RunWriter
+from fedsim.report.trackers import start_trackers
 from fedsim.round import PartialSum
 from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
+from fedsim.training.vectorized import check_vectorize
 
 
 class Engine(Protocol):
@@ -117,6 +120,17 @@ def run_rounds(
     stopped: str | None = None
     stopped_by: str | None = None
     stopped_detail: str | None = None
+    train_path = training_path(engine, exp)
+    # TensorBoard / MLflow ([report]; only with a run directory): off by default, and then nothing is imported.
+    # One that cannot start is a ValueError here, before the first round; one that fails later only warns
+    trackers = start_trackers(
+        scenario,
+        writer.path if writer else None,
+        config_toml=writer.config_toml if writer else None,
+        first_round=first,
+        prior_rows=rows,
+        private=_nominal_private(strategy, population),
+    )
     accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
     pending: tuple[dict[str, Any], Future] | None = None
 
@@ -139,6 +153,8 @@ def run_rounds(
         rows.append(row)
         if writer:
             writer.append_row(row)
+        if trackers:
+            trackers.log_row(row)
         if on_row:
             on_row(row)
 
@@ -179,12 +195,13 @@ def run_rounds(
             # timings grow with the realised cohort: diagnostics, like the exact counts
             diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
             trained = [c for c in client_metrics if "train_loss" in c and "failed" not in c]
+            used = sorted({str(c["trainer"]) for c in client_metrics if "trainer" in c})
             if trained:
                 diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in trained]))
-                # which paths trained the cohort (per-layer, vmap, loop; a chunk that raised is retried on the loop)
-                row["local_training"] = ",".join(
-                    sorted({str(c["trainer"]) for c in client_metrics if "trainer" in c})
-                )
+            if used:  # what this round's clients ran on: a chunk that raised was retried on the loop (exact)
+                diag["local_training_used"] = ",".join(used)
+            if train_path is not None:  # the configured path, the same in every row whatever the cohort did
+                row["local_training"] = train_path
             pending = (row, accountant.submit(strategy.epsilon))
             if t % scenario.engine.eval_every == 0 or t == rounds:
                 held = engine.evaluate(heldout_ids, weights) if server_eval and heldout_ids.size else None
@@ -201,6 +218,7 @@ def run_rounds(
                 write_checkpoint(writer.path, t, weights, strategy.state_dict(), writer.config_toml)
         settle()
     finally:
+        failed = sys.exc_info()[0] is not None
         if pending is not None:  # an error in round t+1 must not cost round t its row
             try:
                 settle()
@@ -221,15 +239,53 @@ def run_rounds(
             stopped_by,
             stopped_detail,
         )
+        if trackers:  # never raises
+            private = _nominal_private(strategy, population, final=bool(rows))
+            trackers.close(failed=failed, private=private, stopped_by=stopped_by, diagnostics=diagnostics)
         if writer:
             writer.close()
             writer.write_weights("model.npz", weights)
             writer.write_json("ledger.json", strategy.ledger.to_dict())
             writer.write_json(
-                "summary.json", summary(scenario, rows, strategy, stopped, timings, population, stopped_by)
+                "summary.json",
+                summary(scenario, rows, strategy, stopped, timings, population, stopped_by, diagnostics),
             )
             writer.write_plots()
     return result
+
+
+def _nominal_private(strategy: Any, population: int, final: bool = False) -> bool | None:
+    """The trackers' privacy status: whether the scenario's model release is noised at all (before round 1), or
+    with ``final`` (at the end, some round released), whether every release in the ledger was, as
+    ``summary.json`` says. ``None`` when the strategy cannot say."""
+    try:
+        if final:
+            return all(r.mechanism.private for r in strategy.ledger.releases)
+        return bool(strategy.mechanism(population).private)
+    except Exception:
+        return None
+
+
+def training_path(engine: Any, exp: Experiment) -> str | None:
+    """How the engine trains every cohort (``per-layer``, ``vmap`` or ``loop``): ``engine.vectorize`` as the
+    engine's trainers resolved it, public (a function of the model and the settings), the same in every row.
+
+    From the engine's ``training_path`` (a string), else its trainer's path (:class:`LocalEngine`), else the
+    scenario's ``engine.vectorize`` when it names a path (a trainer takes that path or refuses to start). ``None``
+    (no ``local_training`` in any row) for an engine that does not say, with ``auto``: never guessed from what a
+    round's clients happened to use (``non_private.local_training_used``), which changes when a chunk raises.
+    """
+    said = getattr(engine, "training_path", None)
+    if isinstance(said, str) and said:
+        return said
+    name = getattr(getattr(getattr(engine, "trainer", None), "path", None), "name", None)
+    if isinstance(name, str) and name:
+        return name
+    try:
+        requested = check_vectorize(getattr(exp.settings, "vectorize", "auto"))
+    except ValueError:
+        return None
+    return None if requested == "auto" else requested
 
 
 def too_many_failures(round_: int, partial: PartialSum, cohort: int, max_fraction: float) -> str | None:

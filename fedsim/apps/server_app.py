@@ -38,6 +38,7 @@ from fedsim.experiment import Experiment, build_experiment
 from fedsim.flower.grid import ClientIdGrid
 from fedsim.flower.grid_engine import GridEngine
 from fedsim.loop import RunResult, run_rounds
+from fedsim.report.rows import PUBLIC_STOPS
 from fedsim.report.rundir import RunWriter, new_run_dir
 from fedsim.scenarios import scenario_to_toml
 from fedsim.strategies.dpfedavg import check_distributed_noise
@@ -168,7 +169,12 @@ def main(grid: Grid, context: Context) -> None:
         if cfg.get("ledger-path", ""):
             strategy.ledger.save(str(cfg["ledger-path"]))
     if result.stopped_reason:
-        log(INFO, "%s", result.stopped_reason)
+        if (
+            result.stopped_by in PUBLIC_STOPS
+        ):  # the budget: a function of public parameters and the accountant
+            log(INFO, "%s", result.stopped_reason)
+        else:  # stopped by client failures: that it stopped, and where, is an exact fact about clients
+            log(WARNING, "[non-private: not covered by epsilon] %s", result.stopped_reason)
     log(
         INFO,
         "certified epsilon after %d rounds: %.4f at delta=%g (%d releases in the ledger)",

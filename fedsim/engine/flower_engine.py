@@ -78,7 +78,7 @@ class FlowerEngine:
             _, data, trainer = load_for_run(run_config)  # the server side's data and evaluator (cached)
             exp = build_experiment(scenario, data)
             if writer:
-                writer.write_json("data.json", data.describe())
+                writer.write_data(data.describe())  # its exact statistics under non_private
             population = int(exp.train_ids.size)
             outcome: dict[str, Any] = {}
             t_sim = time.perf_counter()

@@ -7,6 +7,11 @@ Examples::
     fedsim privacy --population 1000 --sampling-rate 0.1 --rounds 500 --delta 1e-5 --target-epsilon 3
     fedsim privacy ... --json
 
+--json writes strict JSON: an epsilon that is infinite (no finite epsilon at this delta, e.g. PLD after many
+rounds of little noise) is null, and so is an undefined one (NaN); in a per-round array the round's ``status``
+beside it says which ("no finite epsilon at this delta"), and a single value in an object gets
+``"<key>_reason": "infinite"`` beside it (the same convention as the run directory's files).
+
 Also runnable as ``python -m fedsim.report.privacy``.
 """
 
@@ -19,12 +24,20 @@ import sys
 
 import numpy as np
 
-from fedsim.privacy.accountants import ACCOUNTANTS, CERTIFIED, PAPER_BOUNDS, compute_curve, method_kind
+from fedsim.privacy.accountants import (
+    ACCOUNTANTS,
+    CERTIFIED,
+    NOT_PRIVATE_NOTE,
+    PAPER_BOUNDS,
+    compute_curve,
+    method_kind,
+)
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import SAMPLINGS, Mechanism
 from fedsim.privacy.paper.audit import audit_closed_forms
 from fedsim.privacy.paper.calibration import calibrate_noise
 from fedsim.privacy.paper.generalization import statement_curve
+from fedsim.report.rundir import json_safe
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
 
@@ -75,7 +88,11 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="calibrate: print the noise multiplier meeting this epsilon after --rounds, per method",
     )
     p.add_argument(
-        "--json", action="store_true", help="machine-readable output: per-round arrays for every method"
+        "--json",
+        action="store_true",
+        help="machine-readable output: per-round arrays for every method (strict JSON: an infinite epsilon is "
+        'null, with the round\'s status "no finite epsilon at this delta" in arrays and "<key>_reason": '
+        '"infinite" beside a single value)',
     )
     p.set_defaults(func=run)
     return p
@@ -195,7 +212,8 @@ def _run(args: argparse.Namespace) -> int:
             calibration=calibration,
             target_epsilon=args.target_epsilon,
         )
-        json.dump(doc, sys.stdout, indent=None, allow_nan=False, default=_jsonable)
+        # strict JSON: NaN is null; an infinite value is null with "<key>_reason": "infinite" beside it
+        json.dump(json_safe(doc), sys.stdout, indent=None, allow_nan=False, default=_jsonable)
         sys.stdout.write("\n")
         return 0
 
@@ -220,6 +238,14 @@ def _cell(x: float) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return f"{x:.4g}"
+
+
+def _table_cell(e: float, status: str) -> str:
+    if math.isfinite(e):
+        return _cell(e)
+    if "undefined" in status:
+        return "undef"
+    return "inf" if e > 0 else "none"
 
 
 def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target) -> str:
@@ -253,9 +279,7 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
         for n in names:
             c = curves[n]
             e = c.epsilon[t - 1]
-            row.append(
-                _cell(e) if math.isfinite(e) else ("undef" if "undefined" in str(c.status[t - 1]) else "none")
-            )
+            row.append(_table_cell(e, str(c.status[t - 1])))
         g = gen["uai"][t - 1]
         if g["status"] == "ok":
             row.append(f"ok: P(|gap|>{g['a']:.3g})<{g['b']:.2g}")
@@ -281,10 +305,12 @@ def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target)
     lines.append(
         "epsilon at the given delta; pld, rdp: certified (dp-accounting); igmm-corrected, kairouz, basic: "
         "valid closed-form bounds; * = paper bound (not a certificate); undef = the printed bound is "
-        "undefined there; none = no statement at this delta"
+        "undefined there; inf = no finite epsilon at this delta; none = no statement at this delta"
     )
+    if not mech.private:  # one line for all: every method says the same
+        lines.append(f"NOT PRIVATE: {NOT_PRIVATE_NOTE}")
     for n in names:
-        for note in curves[n].notes:
+        for note in curves[n].notes if mech.private else ():
             if n not in PAPER_BOUNDS and note:
                 lines.append(f"{n}: {note}")
     g_last = gen["uai"][-1]

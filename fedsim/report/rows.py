@@ -14,6 +14,7 @@ import numpy as np
 
 from fedsim.privacy import Mechanism, compose_same_cohort, epsilon_curve
 from fedsim.privacy.paper import audit_closed_forms, generalization_statement, min_population
+from fedsim.report.rundir import INFINITE, REASON_SUFFIX
 
 #: Where a row keeps what epsilon does NOT cover (the strategies' metrics use the same key).
 NON_PRIVATE = "non_private"
@@ -43,6 +44,8 @@ def paper_bounds(strategy: Any, population: int, rounds: int, delta: float) -> d
 
 def format_row(row: dict[str, Any], rounds: int) -> str:
     def f(v: Any, spec: str = ".3f") -> str:
+        if isinstance(v, float) and math.isinf(v):
+            return "inf" if v > 0 else "-inf"
         return "  n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
     gen = row.get("generalization", {})
@@ -54,9 +57,31 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
         f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))} | "
         f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))} | "
         f"gap {f(diag.get('gap_accuracy'), '+.3f')} | "
-        f"eps {f(row['epsilon'], '.3f')} (delta={row['delta']:.0e}, {row['accountant']}) | "
+        f"eps {'inf (not private)' if row.get('private') is False else f(row['epsilon'], '.3f')} "
+        f"(delta={row['delta']:.0e}, {row['accountant']}) | "
         f"bound {gen.get('status', 'n/a')}"
     )
+
+
+#: how a non-private run's epsilon is shown: infinite, by every accountant
+NOT_PRIVATE_TEXT = "infinite (not private: noise_multiplier = 0)"
+
+
+def format_epsilon(row: dict[str, Any], key: str = "epsilon", spec: str = ".3f") -> str:
+    """A row's epsilon for people: a number, ``infinite`` (an infinite value, or null with ``<key>_reason`` in a
+    file: no finite epsilon at this delta) or ``n/a``."""
+    v = row.get(key)
+    if (
+        row.get("private") is False
+    ):  # a release without noise (noise_multiplier = 0, or clip = 0): the baseline
+        return NOT_PRIVATE_TEXT
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if math.isinf(v):
+            return "infinite (no finite epsilon at this delta)" if v > 0 else "-infinite"
+        return "n/a" if math.isnan(v) else format(v, spec)
+    if v is None and row.get(key + REASON_SUFFIX) == INFINITE:
+        return "infinite (no finite epsilon at this delta)"
+    return "n/a"
 
 
 def evaluation_columns(
@@ -117,11 +142,27 @@ PRIVACY_SCOPE = (
     "epsilon (certified by dp-accounting) covers every noised release recorded in ledger.json: the model "
     "updates and, where used, adaptive clipping's noised count and agnostic FL's noised domain losses; held-out "
     "metrics are computed from the released model on clients outside the training population. It does NOT "
-    "cover the values under 'non_private' in each row (exact cohort, reply and rejection counts, un-noised "
-    "update-norm statistics, metrics on training clients and the gap computed from them, timings): simulation "
-    "diagnostics, which a deployment reports only on request. The population size, the domain sizes and the "
-    "schedule are public."
+    "cover (non-private, exact facts about clients; simulation diagnostics, which a deployment reports only on "
+    "request): the values under 'non_private' in each row of metrics.jsonl (exact cohort, reply, rejection and "
+    "failure counts, un-noised update-norm statistics, metrics on training clients and the gap computed from "
+    "them, the training paths the clients actually used, timings); in summary.json, 'non_private' (timings, "
+    "which grow with the realised cohort, and after a stop because too many of a round's clients failed: "
+    "stopped_by, stopped_reason and rounds_completed, which are then not at the top level; how many rounds were "
+    "released is still seen in ledger.json and metrics.jsonl, as every release is), "
+    "'final_non_private' and 'non_private_failed_clients'; 'non_private' in data.json (exact examples per "
+    "client, label entropy, totals of the partition); the training-client accuracy and the gap drawn from it "
+    "in plots/accuracy.png, the training-client loss and gap in plots/loss.png, the membership-inference attack "
+    "in plots/attack.png, and the measured gap in plots/generalization.png; trackers' 'non_private' scalars "
+    "(TensorBoard, MLflow); in sweep.csv, the columns named non_private_*; the console's 'failures' line of a "
+    "run stopped by client failures (exit code 4). The population size, the domain sizes and the schedule are "
+    "public, and so is a stop by the privacy budget (stopped_by 'budget': a function of public parameters and "
+    "the accountant)."
 )
+
+#: why a run stopped that is a function of public parameters and the accountant only (privacy.max_epsilon):
+#: it may stay at the top level of summary.json. Any other stop (``"failures"``: more than
+#: engine.max_failed_fraction of a round's clients failed) is an exact fact about clients.
+PUBLIC_STOPS = frozenset({"budget"})
 
 
 def _failed_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -141,20 +182,39 @@ def summary(
     timings: dict,
     population: int,
     stopped_by: str | None = None,
+    diagnostics: bool = True,
 ) -> dict[str, Any]:
-    """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds."""
+    """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds.
+
+    What is exact about clients is under ``non_private``: the timings (with ``diagnostics``), and after a stop
+    that is not in :data:`PUBLIC_STOPS` (a stop by client failures), ``stopped_by``, ``stopped_reason`` and
+    ``rounds_completed``, which are then absent from the top level. A stop by the budget is a function of the
+    schedule, the mechanism and the accountant (public), so it stays at the top level.
+    """
     last = rows[-1] if rows else {}
     diag = last.get(NON_PRIVATE, {})
+    stop = {"rounds_completed": len(rows), "stopped_reason": stopped, "stopped_by": stopped_by}
+    public_stop = stopped_by is None or stopped_by in PUBLIC_STOPS
+    non_private: dict[str, Any] = {
+        "note": "exact facts about clients; epsilon does not cover them (see privacy_scope)",
+    }
+    if diagnostics:
+        non_private["timings"] = timings  # they grow with the realised cohort
+    if not public_stop:
+        # whether, and when, too many of a round's clients failed. With diagnostics off (a deployment) the
+        # operator still learns that and why the run ended (without counts): stopped_reason names no counts
+        non_private.update(stop)
     return {
         "scenario": scenario.name,
-        "rounds_completed": len(rows),
+        **(stop if public_stop else {}),
         "rounds_planned": scenario.rounds,
-        "stopped_reason": stopped,
-        "stopped_by": stopped_by,
         "non_private_failed_clients": _failed_totals(rows),  # by reason; epsilon does not cover it
+        # false for the non-private baseline (noise_multiplier = 0, or clip = 0: no noise, epsilon infinite)
+        "private": _private(strategy) if rows else None,
         "final": {
             k: last.get(k)
             for k in (
+                "private",
                 "heldout_loss",
                 "heldout_accuracy",
                 "epsilon",
@@ -174,9 +234,35 @@ def summary(
         "the model release alone (as the paper states it): a paper bound, not a certificate (see `fedsim "
         "privacy`). paper_epsilon_igmm-corrected is a valid closed-form bound (not dp-accounting) for all of a "
         "round's releases composed",
-        "timings": timings,
+        NON_PRIVATE: non_private,
         "paper_bounds_audit": audit(scenario, strategy, population),
     }
+
+
+def _private(strategy: Any) -> bool | None:
+    """Whether every release in the strategy's ledger was noised (False for the non-private baseline)."""
+    ledger = getattr(strategy, "ledger", None)
+    return None if ledger is None else all(r.mechanism.private for r in ledger.releases)
+
+
+def summary_stop(summary: dict[str, Any]) -> dict[str, Any]:
+    """``rounds_completed``, ``stopped_by`` and ``stopped_reason`` of a ``summary.json``, wherever they are (the
+    top level, or ``non_private`` after a stop by client failures; older summaries: the top level), and
+    ``non_private``: whether they came from there."""
+    diag = summary.get(NON_PRIVATE)
+    diag = diag if isinstance(diag, dict) else {}
+    hidden = "stopped_by" in diag
+    source = diag if hidden else summary
+    out = {k: source.get(k) for k in ("rounds_completed", "stopped_by", "stopped_reason")}
+    out[NON_PRIVATE] = hidden
+    return out
+
+
+def summary_timings(summary: dict[str, Any]) -> dict[str, Any]:
+    """The timings of a ``summary.json`` (``non_private.timings``; older summaries: ``timings``), or ``{}``."""
+    diag = summary.get(NON_PRIVATE)
+    t = diag.get("timings") if isinstance(diag, dict) else summary.get("timings")
+    return t if isinstance(t, dict) else {}
 
 
 def audit(scenario: Any, strategy: Any, population: int) -> dict[str, Any]:

@@ -1,6 +1,10 @@
-"""The run directory: resolved config, one JSON row per round, the ledger, the summary.
+"""The run directory: resolved config, one JSON row per round, the ledger, the summary, the partition.
 
 Rows are appended and flushed as each round ends, so an interrupted run keeps every finished round.
+
+Every JSON file written here is strict JSON (no ``NaN``/``Infinity`` tokens, :func:`json_safe`): a value that is
+not a number (undefined) is ``null``; an infinite one (an epsilon no accountant can bound at that delta) is
+``null`` with ``"<key>_reason": "infinite"`` beside it, so a reader can tell "unbounded" from "undefined".
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +24,126 @@ from .provenance import provenance
 log = logging.getLogger(__name__)
 
 
-def _clean(value: Any) -> Any:
-    """JSON without NaN/inf (written as null) and with numpy scalars as Python numbers."""
+#: beside a key whose value was infinite (and is written as null): ``"<key>_reason"``
+REASON_SUFFIX = "_reason"
+#: the reason written for +inf (``"-infinite"`` for -inf); NaN (undefined) is null with no reason
+INFINITE = "infinite"
+
+#: what ``data.json`` keeps at its top level: the scenario's settings, public sizes (population, domains, held-out
+#: clients) and what the seed alone draws. Every other key of the partition's description (exact statistics of the
+#: clients' data, and any key added later until it is listed here) goes under ``non_private``.
+DATA_PUBLIC_KEYS = frozenset(
+    {
+        "dataset",
+        "num_clients",
+        "num_train_clients",
+        "num_heldout_clients",
+        "heldout_fraction",
+        "seed",
+        "input_shape",
+        "input_dim",
+        "num_classes",
+        "num_domains",
+        "domain_sizes",
+        "heldout_per_domain",
+        "max_label_entropy",
+        "partitioner",
+        "alpha",
+        "min_partition_size",
+        "self_balancing",
+        "num_classes_per_partition",
+        "class_assignment_mode",
+        "num_shards_per_partition",
+        "shard_size",
+        "keep_incomplete_shard",
+        "domain_shift",
+        "domain_noise",
+        "domain_label_swaps",
+        "domain_label_maps",
+        "synthetic_alpha",
+        "synthetic_beta",
+        "synthetic_iid",
+        "synthetic_min_samples",
+        "synthetic_max_samples",
+        "data_function",
+        "hub_split",
+        "num_samples",
+    }
+)
+DATA_FILE = "data.json"
+#: the final model as a flat float64 vector (``np.load(path)["weights"]``), in the order of ``module.parameters()``
+MODEL_NPZ = "model.npz"
+#: the final model as a PyTorch ``state_dict`` of the scenario's model (:func:`fedsim.load_model` rebuilds it)
+MODEL_PT = "model.pt"
+DATA_NOTE = (
+    "exact statistics of the clients' data (the partition: examples per client, label entropy, totals); "
+    "epsilon does not cover them"
+)
+NON_PRIVATE = "non_private"  # the same key as in rows (fedsim.report.rows.NON_PRIVATE)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON: numpy scalars and arrays as Python numbers and lists; NaN as null; +-inf as null
+    with ``"<key>_reason": "infinite"`` (``"-infinite"``) beside it in its object. An element of a list has no
+    place for a reason: it is null (where a list holds per-round values, a ``status`` list beside it says why)."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = str(k)
+            v = _scalar(v)
+            if isinstance(v, float) and math.isinf(v):
+                out[key] = None
+                out.setdefault(key + REASON_SUFFIX, INFINITE if v > 0 else "-" + INFINITE)
+            else:
+                out[key] = json_safe(v)
+        return out
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
-        value = value.item()
+        return [json_safe(v) for v in value]
+    value = _scalar(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
 
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        return value.item()
+    return value
+
+
+def data_description(describe: dict[str, Any]) -> dict[str, Any]:
+    """``data.json``: a partition's description (``FederatedData.describe()``) with everything that is not a
+    public setting (:data:`DATA_PUBLIC_KEYS`) moved under ``non_private``, which says what it is (``note``).
+    A description already in this form is returned as it is."""
+    if isinstance(describe.get(NON_PRIVATE), dict) and "note" in describe[NON_PRIVATE]:
+        return describe
+    public = {k: v for k, v in describe.items() if k in DATA_PUBLIC_KEYS}
+    exact = {k: v for k, v in describe.items() if k not in DATA_PUBLIC_KEYS}
+    return {**public, NON_PRIVATE: {"note": DATA_NOTE, **exact}}
+
+
 def _row_line(row: dict[str, Any]) -> str:
     """One row of ``metrics.jsonl``."""
-    return json.dumps(_clean(row)) + "\n"
+    return json.dumps(json_safe(row), allow_nan=False) + "\n"
+
+
+def check_out(out: str | Path) -> Path:
+    """``out`` as a path that can become a run directory: not a file, not a folder that already holds a run."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path} is a file; give a folder for the run directory")
+    metrics = path / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:  # an empty one is a run that failed to start
+        raise ValueError(f"--out {path} already holds a run (metrics.jsonl); choose another folder")
+    return path
 
 
 def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") -> Path:
     """``out`` if given (it must not already hold a run), else a fresh ``runs/<timestamp>-<name>``."""
     if out is not None:
-        path = Path(out)
-        metrics = path / "metrics.jsonl"
-        if metrics.exists() and metrics.stat().st_size > 0:  # an empty one is a run that failed to start
-            raise ValueError(f"--out {path} already holds a run (metrics.jsonl); choose another folder")
+        path = check_out(out)
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -56,6 +156,48 @@ def new_run_dir(name: str, out: str | Path | None, root: str | Path = "runs") ->
     return path
 
 
+def model_shape(run_dir: str | Path) -> tuple[tuple[int, ...], int] | None:
+    """``(input_shape, num_classes)`` from the run's ``data.json`` (public keys), or None where it does not say."""
+    try:
+        data = json.loads((Path(run_dir) / DATA_FILE).read_text())
+        shape, classes = data["input_shape"], data["num_classes"]
+        return tuple(int(n) for n in shape), int(classes)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_flat_weights(module: Any, weights: Any) -> Any:
+    """Copy the flat vector ``weights`` into ``module``'s parameters, in the order of ``module.parameters()``: the
+    order in which the trainers flatten and load the global model (:class:`fedsim.training.trainer.ClientTrainer`).
+    Returns ``module``."""
+    import torch
+
+    params = list(module.parameters())
+    flat = torch.as_tensor(np.asarray(weights))
+    size = sum(p.numel() for p in params)
+    if flat.ndim != 1 or flat.numel() != size:
+        raise ValueError(
+            f"the weights hold {flat.numel()} values (shape {tuple(flat.shape)}), the model {size} parameters"
+        )
+    with torch.no_grad():
+        i = 0
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[i : i + n].view_as(p))
+            i += n
+    return module
+
+
+def build_module(factory: Callable[[], Any], weights: Any = None) -> Any:
+    """``factory()`` (a model built as the run built it) with ``weights`` (flat) copied in; PyTorch's global random
+    state is left as it was (model factories seed it)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        module = factory()
+    return module if weights is None else load_flat_weights(module, weights)
+
+
 class RunWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -63,6 +205,9 @@ class RunWriter:
         config = path / "config.toml"
         #: the run's config.toml as written (checkpoints carry its digest)
         self.config_toml: str | None = config.read_text() if config.is_file() else None
+        #: builds the run's model (untrained) so that the final model is also written as ``model.pt``
+        #: (:meth:`write_weights`); set by the runner, None: ``model.npz`` only
+        self.model_factory: Callable[[], Any] | None = None
 
     def begin(self, config_toml: str) -> None:
         """What a run directory holds before its first round: ``provenance.json`` (the code and library
@@ -72,11 +217,17 @@ class RunWriter:
         self.config_toml = config_toml
 
     def write_json(self, name: str, obj: Any) -> Path:
+        if name == DATA_FILE and isinstance(obj, dict):  # whoever writes the partition, it is labelled
+            obj = data_description(obj)
         target = self.path / name
         tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(json_safe(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
         tmp.replace(target)
         return target
+
+    def write_data(self, describe: dict[str, Any]) -> Path:
+        """``data.json`` from the partition's description (:func:`data_description`)."""
+        return self.write_json(DATA_FILE, data_description(describe))
 
     def write_plots(self) -> list[Path]:
         """``plots/*.png`` from what is written (:func:`fedsim.report.plots.run_plots`). A plot that fails is logged
@@ -96,11 +247,39 @@ class RunWriter:
             return []
 
     def write_weights(self, name: str, weights: Any) -> Path:
-        """The model as a flat float64 vector (``np.load(path)["weights"]``), written atomically."""
+        """The model as a flat float64 vector (``np.load(path)["weights"]``), written atomically. The final model
+        (``model.npz``) is also written as ``model.pt``, a PyTorch ``state_dict`` (:meth:`write_state_dict`), when
+        :attr:`model_factory` is set."""
         target = self.path / name
         tmp = target.with_name(target.name + ".tmp")
         with open(tmp, "wb") as f:
             np.savez(f, weights=np.asarray(weights, dtype=np.float64))
+        tmp.replace(target)
+        if name == MODEL_NPZ and self.model_factory is not None:
+            try:  # model.npz is written: a failure here must never cost the run its results
+                self.write_state_dict(MODEL_PT, weights)
+            except Exception as exc:
+                log.warning(
+                    "%s was not written (%s: %s); %s holds the final model",
+                    self.path / MODEL_PT,
+                    type(exc).__name__,
+                    exc,
+                    target,
+                )
+        return target
+
+    def write_state_dict(self, name: str, weights: Any) -> Path:
+        """``torch.save(model.state_dict())`` of the run's model (:attr:`model_factory`) holding ``weights``,
+        written atomically."""
+        import torch
+
+        if self.model_factory is None:
+            raise ValueError("no model factory: the run's model cannot be rebuilt here")
+        module = build_module(self.model_factory, weights)
+        target = self.path / name
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save(module.state_dict(), f)
         tmp.replace(target)
         return target
 
