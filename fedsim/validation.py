@@ -40,6 +40,36 @@ def positive_finite(name: str, value: Any) -> float:
     return v
 
 
+def nonnegative_finite(name: str, value: Any, zero_means: str) -> float:
+    """``value`` as a float >= 0 and finite; ``zero_means`` says what 0 does (in the error message)."""
+    allowed = f"must be a finite number >= 0 (0: {zero_means})"
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyInputError(name, value, allowed) from None
+    if isinstance(value, bool) or not math.isfinite(v) or v < 0:
+        raise PrivacyInputError(name, value, allowed)
+    return v
+
+
+#: what noise_multiplier = 0 and clip = 0 mean (the non-private baselines of a comparison)
+NO_NOISE = "no noise: clipped, un-noised DP-FedAvg, not private (epsilon is infinite)"
+NO_CLIP = "no clipping: plain FedAvg, which needs noise_multiplier = 0"
+
+
+def noise_and_clip(clip: Any, noise_multiplier: Any) -> tuple[float, float]:
+    """The clip and the noise multiplier of a round: ``noise_multiplier = 0`` is the non-private baseline (clipped,
+    un-noised), ``clip = 0`` plain FedAvg (no clipping), which has nothing to calibrate noise to, so it needs
+    ``noise_multiplier = 0``."""
+    c = nonnegative_finite("clip", clip, NO_CLIP)
+    z = nonnegative_finite("noise_multiplier", noise_multiplier, NO_NOISE)
+    if c == 0 and z != 0:
+        raise PrivacyInputError(
+            "clip", clip, f"0 means no clipping (plain FedAvg), which needs noise_multiplier = 0, got {z:g}"
+        )
+    return c, z
+
+
 def one_of(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise PrivacyInputError(name, value, f"must be one of {', '.join(allowed)}")

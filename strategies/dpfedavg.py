@@ -47,7 +47,7 @@ from fedsim.round import (
     noise_share_std,
     private_mean,
 )
-from fedsim.validation import PrivacyInputError, cohort, one_of, open_unit, positive_finite
+from fedsim.validation import PrivacyInputError, cohort, noise_and_clip, one_of, open_unit, positive_finite
 
 from .server_opt import ServerOptimizer
 
@@ -148,7 +148,9 @@ class DPFedAvg(Strategy):
         ``"all"``.
     sampling_rate, clients_per_round : the cohort (Poisson takes either; fixed takes clients_per_round).
     clip : L2 bound on one client's update (flat norm over all arrays). With adaptive clipping, the start.
-    noise_multiplier : z; the noise on the sum has std ``z * clip``.
+        ``0``: no clipping (plain FedAvg, the non-private baseline without clipping; needs noise_multiplier 0).
+    noise_multiplier : z; the noise on the sum has std ``z * clip``. ``0``: clipped, un-noised DP-FedAvg (the
+        non-private baseline of a comparison): every accountant then reports epsilon = infinity.
     noise_placement : ``"central"`` (the server adds the noise) or ``"distributed"`` (each sampled client
         clips and adds a share ``N(0, (z*clip)^2 / expected_cohort)``; the server tops up the shares missing
         below the expected cohort). The total noise is at least the accounted one; the accounting is the same.
@@ -202,8 +204,20 @@ class DPFedAvg(Strategy):
         # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
         one_of("sampling", sampling, SAMPLINGS)
         one_of("noise_placement", noise_placement, NOISE_PLACEMENTS)
-        clip = positive_finite("clip", clip)
-        noise_multiplier = positive_finite("noise_multiplier", noise_multiplier)
+        # noise_multiplier = 0: the non-private baseline (clipped, un-noised); clip = 0: plain FedAvg (needs z = 0)
+        clip, noise_multiplier = noise_and_clip(clip, noise_multiplier)
+        if noise_multiplier == 0 and max_epsilon is not None:
+            raise PrivacyInputError(
+                "max_epsilon", max_epsilon, "no budget holds with noise_multiplier = 0 (not private): drop it"
+            )
+        if noise_multiplier == 0 and noise_placement == "distributed":
+            raise PrivacyInputError(
+                "noise_placement",
+                noise_placement,
+                "distributed noise with noise_multiplier = 0 adds none: use central",
+            )
+        if clip == 0 and adaptive_clipping is not None:
+            raise PrivacyInputError("clip", clip, "0 means no clipping, which adaptive clipping cannot adapt")
         sampling_rate, clients_per_round = cohort(sampling, sampling_rate, clients_per_round)
         delta = open_unit("delta", delta)
         one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
@@ -356,7 +370,7 @@ class DPFedAvg(Strategy):
             server_round,
             cohort,
             population,
-            self.clip,
+            self.clip if self.clip > 0 else math.inf,  # clip = 0: no clipping (plain FedAvg)
             model,
             share,
             releases,
@@ -386,8 +400,10 @@ class DPFedAvg(Strategy):
         # Private: functions of the noised releases and of public parameters only.
         metrics: dict[str, Any] = {
             "round": plan.round,
-            "clip": plan.clip,
-            "noise_std_sum": self.noise_multiplier * plan.clip,
+            # false for the non-private baseline (noise_multiplier = 0 or clip = 0): epsilon is infinite
+            "private": all(m.private for _, m in plan.releases),
+            "clip": plan.mechanism.clip,  # 0: no clipping
+            "noise_std_sum": plan.mechanism.noise_std,
             "update_norm": float(np.linalg.norm(mean)),  # of the released (noised) mean update
         }
         # Not covered by epsilon: exact counts, un-noised norm statistics (see NON_PRIVATE).

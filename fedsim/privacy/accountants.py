@@ -371,6 +371,14 @@ VALID_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "valid c
 PAPER_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "paper bound, not a certificate")
 
 
+#: the status of every round of a non-private release (``noise_multiplier = 0`` or ``clip = 0``)
+NOT_PRIVATE = "not private"
+NOT_PRIVATE_NOTE = (
+    "noise_multiplier = 0 (or clip = 0): nothing is noised, so no (epsilon, delta) holds; epsilon is infinite "
+    "by every accountant (the non-private baseline of a comparison)"
+)
+
+
 def method_kind(method: str) -> str:
     """``"certified"`` (dp-accounting), ``"valid closed-form bound"`` or ``"paper bound, not a certificate"``."""
     return ACCOUNTANTS[validate_method(method)].kind
@@ -418,6 +426,11 @@ def compute_curve(
         list(mechanism.caveats),
         {},
     )
+    if not mechanism.private:  # nothing to compose: an un-noised release is not private by any accountant
+        status = _status_array(len(T), NOT_PRIVATE)
+        inf = np.full(len(T), np.inf)
+        return EpsilonCurve(acc.name, inf, np.full(len(T), delta), status, acc.kind == "certified",
+                            np.ones(len(T), dtype=bool), [NOT_PRIVATE_NOTE], {})  # fmt: skip
     r = acc.curve(q)
     eps = np.asarray(r.epsilon, dtype=float)
     status = _status_array(len(T)) if r.status is None else r.status

@@ -13,6 +13,7 @@ costs one PLD composition per round (dp-accounting's own, the PLDs ``fedsim priv
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -168,6 +169,8 @@ class Ledger:
     def _epsilon(self, rounds: list[tuple[Mechanism, ...]], delta: float, method: str, cache: bool) -> float:
         if not rounds:
             return 0.0
+        if any(not m.private for events in rounds for m in events):
+            return math.inf  # an un-noised (or unclipped) release: not private, by every accountant
         all_mechs = [m for events in rounds for m in events]
         relation = certified.ledger_relation(all_mechs)
         acc = ACCOUNTANTS[method]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from fedsim.round.noise import NOISE_PLACEMENTS
 from fedsim.round.sampling import SAMPLINGS
-from fedsim.validation import PrivacyInputError, cohort, is_int, one_of, positive_finite
+from fedsim.validation import PrivacyInputError, cohort, is_int, noise_and_clip, one_of, positive_finite
 
 __all__ = ["NOISE_PLACEMENTS", "SAMPLINGS", "Mechanism", "compose_same_cohort"]
 
@@ -59,10 +59,9 @@ class Mechanism:
             raise PrivacyInputError("population", self.population, "must be an integer >= 1")
         one_of("sampling", self.sampling, SAMPLINGS)
         one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
-        object.__setattr__(self, "clip", positive_finite("clip", self.clip))
-        object.__setattr__(
-            self, "noise_multiplier", positive_finite("noise_multiplier", self.noise_multiplier)
-        )
+        clip, z = noise_and_clip(self.clip, self.noise_multiplier)
+        object.__setattr__(self, "clip", clip)
+        object.__setattr__(self, "noise_multiplier", z)
         if self.diameter is not None:
             d = positive_finite("diameter", self.diameter)
             if d > 2 * self.clip * (1 + 1e-12):
@@ -118,6 +117,12 @@ class Mechanism:
         return self.replace_sensitivity if self.neighbouring == "replace-one" else self.clip
 
     @property
+    def private(self) -> bool:
+        """Whether this release is differentially private at all: ``noise_multiplier = 0`` (the non-private
+        baseline) and ``clip = 0`` (plain FedAvg) are not, and every accountant reports epsilon = infinity."""
+        return self.noise_multiplier > 0 and self.clip > 0
+
+    @property
     def noise_std(self) -> float:
         """Std of the Gaussian added to the sum of clipped updates: ``noise_multiplier * clip``."""
         return self.noise_multiplier * self.clip
@@ -125,7 +130,7 @@ class Mechanism:
     @property
     def normalized_noise(self) -> float:
         """Noise std divided by :attr:`sensitivity`: dp-accounting's noise multiplier for the event."""
-        return self.noise_std / self.sensitivity
+        return self.noise_std / self.sensitivity if self.private else 0.0
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -231,6 +236,8 @@ def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:
             )
     if len(mechs) == 1:
         return mechs[0]
+    if not all(m.private for m in mechs):  # one un-noised release on the cohort: the round is not private
+        return dataclasses.replace(mechs[0], noise_multiplier=0.0)
     z_eff = sum(m.normalized_noise**-2 for m in mechs) ** -0.5
     first = mechs[0]
     # noise_multiplier such that noise_std / sensitivity == z_eff for the first mechanism's geometry

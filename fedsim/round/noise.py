@@ -74,7 +74,7 @@ def private_mean(
     """
     if expected_cohort <= 0:
         raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
-    full_var = (noise_multiplier * clip) ** 2
+    full_var = (noise_multiplier * clip) ** 2 if noise_multiplier > 0 else 0.0  # z = 0 (clip may be inf)
     if noise_placement == "central":
         server_var = full_var
     elif noise_placement == "distributed":

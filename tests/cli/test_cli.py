@@ -28,7 +28,7 @@ def test_unknown_scenario_lists_the_available_ones():
     "override, field, allowed",
     [
         ("privacy.sampling=uniform", "privacy.sampling", "'poisson', 'fixed' or 'all'"),
-        ("privacy.noise_multiplier=0", "privacy.noise_multiplier", "greater than 0"),
+        ("privacy.noise_multiplier=-1", "privacy.noise_multiplier", "greater than or equal to 0"),
         ("privacy.sampling_rate=1.5", "privacy.sampling_rate", "less than or equal to 1"),
         ("rounds=0", "rounds", "greater than or equal to 1"),
         ("privacy.noise=1", "privacy.noise", "allowed here: sampling"),

@@ -209,7 +209,7 @@ def test_cli_calibration(capsys):
     [
         (["--sampling-rate", "1.5"], "--sampling-rate"),
         (["--sampling-rate", "0.1", "--delta", "1"], "--delta"),
-        (["--sampling-rate", "0.1", "--noise-multiplier", "0"], "--noise-multiplier"),
+        (["--sampling-rate", "0.1", "--noise-multiplier", "-0.5"], "--noise-multiplier"),
         (["--sampling-rate", "0.1", "--clip", "-1"], "--clip"),
         (["--sampling-rate", "0.1", "--rounds", "0"], "--rounds"),
         (["--sampling-rate", "0.1", "--methods", "moments"], "--methods"),

@@ -55,7 +55,7 @@ def test_api_example_and_properties():
     [
         (dict(sampling_rate=0.0), "sampling_rate"),
         (dict(sampling_rate=1.5), "sampling_rate"),
-        (dict(sampling_rate=0.1, noise_multiplier=0.0), "noise_multiplier"),
+        (dict(sampling_rate=0.1, clip=0.0, noise_multiplier=1.0), "clip"),
         (dict(sampling_rate=0.1, noise_multiplier=-1.0), "noise_multiplier"),
         (dict(sampling_rate=0.1, clip=0.0), "clip"),
         (dict(sampling_rate=0.1, clip=float("nan")), "clip"),

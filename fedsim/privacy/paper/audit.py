@@ -173,6 +173,19 @@ def audit_closed_forms(
         raise PrivacyInputError("mechanism", type(mechanism).__name__, "must be a fedsim.privacy.Mechanism")
     rounds = validate_rounds(rounds)
     delta = validate_delta(delta)
+    if not mechanism.private:  # nothing is noised: no bound, printed or corrected, has anything to say
+        verdict = (
+            "not private (noise_multiplier = 0, or clip = 0): no paper bound applies; epsilon is infinite"
+        )
+        return {
+            m: {
+                "status": "not private",
+                "statement": False,
+                "certified_epsilon": math.inf,
+                "verdict": verdict,
+            }
+            for m in ("igmm", "dp-fl-thm8")
+        }
     p = mechanism.igmm_params()
     out = {}
     for method in ("igmm", "dp-fl-thm8"):
