@@ -16,7 +16,7 @@ import numpy as np
 from fedsim.data import build_federated_data
 from fedsim.scenarios import Scenario
 from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
-from fedsim.training.trainer import TrainSettings, initial_weights
+from fedsim.training.trainer import TrainSettings, check_fits, initial_weights
 
 
 @dataclass
@@ -128,6 +128,7 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     initial model, a function of the seed only."""
     data = build_data(scenario) if data is None else data
     settings = TrainSettings.from_scenario(scenario)
+    check_fits(settings, data)
     strategy = build_strategy(scenario, None, data)
     return Experiment(
         scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)

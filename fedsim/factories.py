@@ -118,16 +118,63 @@ def factory_options(factory: Callable[..., Any]) -> tuple[list[str], bool]:
 
 
 def check_options(factory: Factory, options: dict[str, Any]) -> None:
-    """Refuse an option the factory does not take (unless it takes ``**kwargs``), naming what it takes."""
-    accepted, any_key = factory_options(resolve(factory, "model.factory"))
-    if any_key:
-        return
+    """Refuse an option the factory does not take (unless it takes ``**kwargs``), naming what it takes, and an
+    option whose value does not fit the factory's type annotation for it (where it has one)."""
+    fn = resolve(factory, "model.factory")
+    accepted, any_key = factory_options(fn)
     for key, value in options.items():
-        if key not in accepted:
+        if not any_key and key not in accepted:
+            import difflib
+
+            near = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
             raise ValueError(
                 f"invalid model.{key}={value!r}: the model factory {describe(factory)!r} takes "
                 + (", ".join(accepted) if accepted else "no options")
+                + (f" (did you mean model.{near[0]}?)" if near else "")
             )
+    check_annotated(fn, options, "model")
+
+
+def check_annotated(fn: Callable[..., Any], options: dict[str, Any], prefix: str) -> None:
+    """Each of ``options`` must fit ``fn``'s type annotation for it, where it has one (pydantic's lax rules: no list
+    for an int); the error names ``<prefix>.<option>``, the value and the annotation."""
+    hints = _annotations(fn)
+    for key, value in options.items():
+        if key in hints:
+            _check_type(f"{prefix}.{key}", value, hints[key])
+
+
+def _annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The factory's resolved type annotations; none when they cannot be resolved (then nothing is checked)."""
+    import typing
+
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # a forward reference that does not resolve, a C callable: check nothing
+        return {}
+
+
+def _check_type(option: str, value: Any, annotation: Any) -> None:
+    """``value`` must fit ``annotation`` (pydantic's lax rules: an int for a float, a list for a tuple; not a list
+    for an int)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        adapter = TypeAdapter(annotation)
+    except Exception:  # an annotation pydantic cannot check (a torch type, say): leave it to the factory
+        return
+    try:
+        # lax: TOML has no tuples or paths, so a list where a tuple is annotated and a string for a Path must pass
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+        raise ValueError(
+            f"invalid {option}={value!r}: the function's annotation is {_type_name(annotation)} ({first})"
+        ) from None
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 def build_model(
@@ -140,7 +187,14 @@ def build_model(
         raise ValueError(f"invalid num_classes={num_classes!r}: allowed a positive integer")
     options = dict(options or {})
     check_options(factory, options)
-    model = fn(shape, int(num_classes), **options)
+    try:
+        model = fn(shape, int(num_classes), **options)
+    except Exception as exc:  # the user's factory rejected these options or this input shape
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+        raise ValueError(
+            f"the model factory {describe(factory)!r} failed for input_shape={list(shape)}, "
+            f"num_classes={num_classes} and {given}: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ValueError(
             f"the model factory {describe(factory)!r} returned {type(model).__name__}: allowed an nn.Module"

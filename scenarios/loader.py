@@ -7,6 +7,7 @@ names the scenario, the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -65,6 +66,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``--set key=value`` item to a scenario's raw data (a dict, changed in place)."""
+    keys, value = parse_override(item)
+    _apply(data, keys, value, item)
+
+
 def _apply(data: dict[str, Any], path: list[str], value: Any, item: str) -> None:
     node = data
     for part in path[:-1]:
@@ -87,6 +94,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
                 model = model.model_fields[str(p)].annotation
             allowed = ", ".join(model.model_fields)
             msg = f"unknown key; allowed here: {allowed}"
+            near = difflib.get_close_matches(str(e["loc"][-1]), list(model.model_fields), n=1, cutoff=0.6)
+            if near:
+                msg = f"unknown key (did you mean {'.'.join([*map(str, parent), near[0]])}?); allowed here: {allowed}"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         value = e.get("input")
@@ -108,8 +118,7 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"scenario {path} is not valid TOML: {exc}") from None
     for item in overrides or []:
-        keys, value = parse_override(item)
-        _apply(data, keys, value, item)
+        apply_override(data, item)
     data.setdefault("name", path.stem)
     try:
         return Scenario.model_validate(data)

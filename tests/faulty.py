@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-#: what a marked client's training does: raise, produce NaN (its loss and so its update), hang, kill its process
-CODES = {"raise": 101.0, "nan": 102.0, "sleep": 103.0, "kill": 104.0}
+#: what a marked client's training does: raise, produce NaN (its loss and so its update), hang, kill its process;
+#: ``kill_eval``: its evaluation (not its training) kills the process
+CODES = {"raise": 101.0, "nan": 102.0, "sleep": 103.0, "kill": 104.0, "kill_eval": 105.0}
 
 
 def data(num_clients: int, seed: int, faults: dict | None = None, per_client: int = 10, features: int = 5):
@@ -41,6 +42,8 @@ class Faulty(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         code = x[:, 0]
+        if not self.training and bool((code == CODES["kill_eval"]).any()):
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.training:
             if bool((code == CODES["raise"]).any()):
                 raise RuntimeError("injected fault: this client's data breaks the model")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.data.base import ArrayDataset
-from fedsim.factories import describe, resolve
+from fedsim.factories import check_annotated, describe, resolve
 
 
 def call_data_function(spec: Any, num_clients: int, seed: int, options: dict[str, Any]) -> Any:
@@ -42,7 +42,15 @@ def call_data_function(spec: Any, num_clients: int, seed: int, options: dict[str
             raise ValueError(
                 f"invalid data.options.{key}: the data function {describe(spec)!r} takes {takes}"
             )
-    return fn(**kwargs, **options)
+    check_annotated(fn, options, "data.options")
+    try:
+        return fn(**kwargs, **options)
+    except Exception as exc:  # the user's function refused these options (or ran out of memory on them)
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+        raise ValueError(
+            f"the data function {describe(spec)!r} failed for num_clients={num_clients}, seed={seed} and "
+            f"{given}: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
 
 
 def arrays_from_result(

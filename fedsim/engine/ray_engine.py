@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 300.0
 
 
+class EngineError(RuntimeError):
+    """The engine cannot go on (a worker that could not be replaced): not the user's input, not a client's fault.
+    ``fedsim run`` reports it in one line (exit 1); every round finished before it is written."""
+
+
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
     from ray import exceptions as rx  # Ray is imported by the Ray engine only
 
@@ -231,7 +236,8 @@ class RayEngine:
         (:meth:`_isolate`): one client per worker at a time, each with its own ``round_timeout_s``. Only a
         client whose own training kills or outlasts its worker there is a zero update; the others are in the sum
         before the round is released, each exactly once (what the driver received is never trained again).
-        A round with such a fault can take up to twice ``round_timeout_s``, plus the workers' restarts."""
+        A round with such a fault takes one more ``round_timeout_s`` (about ``ceil(k / workers)`` more with k clients
+        that hang), plus the workers' restarts."""
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
@@ -306,60 +312,75 @@ class RayEngine:
         )
 
     def _isolate(self, plan: Any, clients: list[int], w_ref: Any) -> tuple[PartialSum, list[dict[str, Any]]]:
-        """Train ``clients`` one at a time per worker, each with its own deadline (``round_timeout_s`` from when it
-        starts), so that a worker that dies or hangs is training exactly one client: that client is the fault and
-        contributes zero (``worker_lost`` or ``timeout``); the worker is replaced and the next client goes on.
+        """Train ``clients`` alone (:meth:`_one_at_a_time`): a client that kills or outlasts its worker there is the
+        fault and contributes zero (``worker_lost`` or ``timeout``). Merged in the order of ``clients`` (the same
+        sum whichever worker trained which)."""
+        got = self._one_at_a_time(
+            clients, lambda w, c: self._call(w.train_whole, plan, [c], w_ref), f"round {plan.round}: training"
+        )
+        total, out = PartialSum(self.dim), []
+        for c in clients:
+            result = got[c]
+            if isinstance(result, str):  # the reason it failed
+                partial = PartialSum(self.dim)
+                partial.reject(reason=result)
+                result = (partial, [{"client": c, "failed": result, "update_norm": math.nan}])
+            total.merge(result[0])
+            out.extend(result[1])
+        return total, out
 
-        The results are merged in the order of ``clients`` (the same sum whichever worker trained which)."""
+    def _one_at_a_time(self, clients: list[int], submit: Any, what: str) -> dict[int, Any]:
+        """``submit(worker, client)`` for each of ``clients``, one client per worker at a time, each with its own
+        deadline (``round_timeout_s`` from when it starts), so that a worker that dies or hangs is working on exactly
+        one client. Returns ``{client: result}``, with ``"worker_lost"`` or ``"timeout"`` for a client whose call
+        killed or outlasted its worker (which is then replaced). With k such clients and W workers this takes up to
+        about ``ceil(k / W)`` deadlines, plus the restarts."""
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
         queue = list(clients)
-        results: dict[int, tuple[PartialSum, list[dict[str, Any]]]] = {}
+        results: dict[int, Any] = {}
         running: dict[int, tuple[int, Any, float | None]] = {}  # worker -> (client, future, deadline)
-
-        def fail(i: int, client: int, reason: str, why: str) -> None:
-            partial = PartialSum(self.dim)
-            partial.reject(reason=reason)
-            results[client] = (partial, [{"client": client, "failed": reason, "update_norm": math.nan}])
-            self._replace(i, f"{why} (client {client}, trained alone) in round {plan.round}")
-
         while queue or running:
             for i in range(self.num_workers):
                 if i not in running and queue:
                     c = queue.pop(0)
                     limit = None if self.round_timeout_s is None else time.monotonic() + self.round_timeout_s
-                    running[i] = (c, self._call(self.workers[i].train_whole, plan, [c], w_ref), limit)
+                    running[i] = (c, submit(self.workers[i], c), limit)
+            futures = [f for _, f, _ in running.values()]
             limits = [t for _, _, t in running.values() if t is not None]
             wait_s = None if not limits else max(0.0, min(limits) - time.monotonic())
-            ready, _ = ray.wait([f for _, f, _ in running.values()], num_returns=1, timeout=wait_s)
-            done, now = set(ready), time.monotonic()
+            ray.wait(futures, num_returns=1, timeout=wait_s)
+            # every call finished by now, not only the first: one past its deadline but done is not a timeout
+            done, _ = ray.wait(futures, num_returns=len(futures), timeout=0)
+            done, now = set(done), time.monotonic()
+            failed: list[tuple[int, int, str]] = []
             for i, (c, future, limit) in list(running.items()):
                 if future in done:
                     del running[i]
                     try:
-                        partial, metrics = ray.get(future)
+                        results[c] = ray.get(future)
                     except lost_errors as exc:
-                        log.warning(
-                            "round %d: client %d killed its Ray worker: %s", plan.round, c, _first_line(exc)
-                        )
-                        fail(i, c, "worker_lost", "worker_lost")
-                        continue
-                    results[c] = (partial, metrics)
+                        log.warning("%s client %d alone killed its Ray worker: %s", what, c, _first_line(exc))
+                        failed.append((i, c, "worker_lost"))
                 elif limit is not None and now >= limit:
                     del running[i]
-                    log.warning("round %d: client %d did not finish within round_timeout_s", plan.round, c)
-                    fail(i, c, "timeout", "timeout")
-        total, out = PartialSum(self.dim), []
-        for c in clients:
-            partial, metrics = results[c]
-            total.merge(partial)
-            out.extend(metrics)
-        return total, out
+                    log.warning("%s client %d alone did not finish within round_timeout_s", what, c)
+                    failed.append((i, c, "timeout"))
+            for (
+                i,
+                c,
+                reason,
+            ) in failed:  # replaced after every verdict of this pass: a restart delays no verdict
+                results[c] = reason
+                self._replace(i, f"{reason} ({what} client {c} alone)")
+        return results
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Per-client evaluation rows; a worker that dies meanwhile is replaced and its share evaluated again
-        (evaluation releases nothing private, so doing it twice counts nothing twice)."""
+        """Per-client evaluation rows ``[client, n, loss_sum, correct]``. A worker that dies or passes
+        ``round_timeout_s`` while evaluating is replaced, and the clients of its share are evaluated again alone
+        (:meth:`_one_at_a_time`); a client whose evaluation kills or outlasts its worker there is left out of the
+        rows (logged). Evaluation releases nothing private, so evaluating a client twice counts nothing twice."""
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
@@ -368,16 +389,37 @@ class RayEngine:
         futures = {
             i: self.workers[i].evaluate.remote(share, w_ref) for i, share in enumerate(shares) if share
         }
-        rows = []
-        for i, future in futures.items():
-            try:
-                r = ray.get(future)
-            except lost_errors as exc:
-                self._replace(i, f"died while evaluating ({_first_line(exc)})")
-                r = ray.get(self.workers[i].evaluate.remote(shares[i], w_ref))
-            if len(r):
-                rows.append(r)
-        return np.concatenate(rows) if rows else np.zeros((0, 4))
+        deadline = None if self.round_timeout_s is None else time.monotonic() + self.round_timeout_s
+        rows: dict[int, np.ndarray] = {}
+        again: list[int] = []
+        pending = dict(futures)
+        while pending:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=wait_s)
+            ready_set = set(ready)
+            for i, future in list(pending.items()):
+                if future in ready_set:
+                    del pending[i]
+                    try:
+                        rows[i] = ray.get(future)
+                    except lost_errors as exc:
+                        self._replace(i, f"died while evaluating ({_first_line(exc)})")
+                        again.extend(shares[i])
+            if pending and not ready:  # the deadline passed
+                for i in pending:
+                    self._replace(i, "did not finish evaluating within round_timeout_s")
+                    again.extend(shares[i])
+                break
+        out = [r for _, r in sorted(rows.items()) if len(r)]
+        if again:
+            alone = self._one_at_a_time(again, lambda w, c: w.evaluate.remote([c], w_ref), "evaluation:")
+            out.extend(r for c in again if not isinstance(r := alone[c], str) and len(r))
+            left = [c for c in again if isinstance(alone[c], str)]
+            if left:
+                log.warning(
+                    "evaluation: clients %s left out (their evaluation killed or outlasted a worker)", left
+                )
+        return np.concatenate(out) if out else np.zeros((0, 4))
 
     def _replace(self, i: int, why: str) -> None:
         """Kill worker ``i`` (if it still runs) and start a fresh one in its place; return once it is ready."""
@@ -389,7 +431,7 @@ class RayEngine:
         try:
             self.infos[i] = ray.get(self.workers[i].info.remote(), timeout=_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
+            raise EngineError(
                 f"Ray worker {i} ({why}) could not be replaced: its successor did not start within "
                 f"{_START_TIMEOUT_S:.0f} s (is the Ray cluster short of the CPUs/GPUs a worker asks for?)"
             ) from None

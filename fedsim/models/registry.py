@@ -27,7 +27,7 @@ def _positive_int(option: str, value: Any) -> int:
     return int(value)
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (100,)) -> nn.Module:
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] | int = (100,)) -> nn.Module:
     """Fully connected network on the flattened input, ReLU between layers; ``hidden=()`` is logistic
     regression."""
     layers: list[nn.Module] = [nn.Flatten()]

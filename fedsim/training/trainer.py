@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.factories import build_model, per_example, resolve_loss
+from fedsim.factories import build_model, describe, per_example, resolve_loss
 from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
 
 from .layers import DropoutMasks, client_dropout, dropout_layers
@@ -78,6 +78,35 @@ def initial_weights(settings: TrainSettings, input_shape: Any, num_classes: int)
     """The global model's starting point (float64 flat vector), a function of the seed only."""
     model = make_model(settings, input_shape, num_classes)
     return nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy()
+
+
+def check_fits(settings: TrainSettings, data: Any) -> None:
+    """The model runs on the data before anything else does: a forward pass and the loss on a few real examples
+    of a training client, and the explicitly requested training path's check (``engine.vectorize`` ``per-layer``
+    or ``vmap``). Raises a ``ValueError`` that names the model, the data's shapes and what failed, instead of a
+    shape error deep in training (or a worker that dies at start-up)."""
+    model = make_model(settings, data.input_shape, data.num_classes)
+    loss = resolve_loss(settings.loss)
+    what = (
+        f"the model {describe(settings.model)!r} does not fit the data (examples of shape "
+        f"{list(data.input_shape)}, {data.num_classes} classes)"
+    )
+    for cid in np.asarray(data.train_clients)[:20]:
+        x, y = data.client_data(int(cid))
+        if len(y):
+            model.eval()
+            try:
+                with torch.no_grad():
+                    per_example(
+                        loss, model(torch.as_tensor(x[:4], dtype=torch.float32)), torch.as_tensor(y[:4])
+                    )
+            except Exception as exc:
+                raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from None
+            break
+    if settings.vectorize in ("per-layer", "vmap"):  # asked for explicitly: refused here if it cannot train
+        choose_path(
+            model, tuple(data.input_shape), data.num_classes, loss, torch.device("cpu"), settings.vectorize
+        )
 
 
 def pick_device(device: str | None = None) -> torch.device:
