@@ -30,6 +30,8 @@ EXIT_BUDGET = (
 )
 #: more than engine.max_failed_fraction of a round's cohort failed: that round was not released (rows so far written)
 EXIT_FAILURES = 4
+#: the start of the last line of a run stopped by client failures (exit 4): it names exact failure counts
+FAILURES_LABEL = "failures (non-private: exact counts about clients, not covered by epsilon)"
 
 
 def _fail(message: str) -> int:
@@ -55,13 +57,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fedsim.scenarios import ScenarioError, load_scenario
 
+    rounds: int | None = None  # --resume --set rounds=M: extend the run to M rounds
     if args.resume is not None:
-        if args.scenario is not None or args.set or args.out is not None:
+        if args.scenario is not None or args.out is not None:
             return _fail(
-                "--resume RUN_DIR continues that run with its own config.toml: give no scenario, --set or --out"
+                "--resume RUN_DIR continues that run with its own config.toml: give no scenario or --out "
+                "(--set rounds=M extends it to M rounds; nothing else may change)"
             )
+        from fedsim.scenarios.loader import parse_override
+
         try:
-            scenario = load_scenario(str(Path(args.resume) / "config.toml"))
+            for item in args.set:
+                keys, value = parse_override(item)
+                if keys != ["rounds"]:
+                    raise ScenarioError(
+                        f"--set {item}: with --resume only rounds may be changed (--set rounds=M extends the run "
+                        "to M rounds); every other setting is the run's own config.toml"
+                    )
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ScenarioError(f"--set {item}: rounds must be a whole number >= 1")
+                rounds = value
+            scenario = load_scenario(
+                str(Path(args.resume) / "config.toml"), None if rounds is None else [f"rounds={rounds}"]
+            )
         except ScenarioError as exc:
             return _fail(f"--resume {args.resume}: {exc}")
     elif args.scenario is None:
@@ -71,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             scenario = load_scenario(args.scenario, args.set)
         except ScenarioError as exc:
             return _fail(str(exc))
-    from fedsim.engine.runner import resume_run, run_scenario
+    from fedsim.engine.ray_engine import EngineError
+    from fedsim.engine.runner import AlreadyFinished, resume_run, run_scenario
     from fedsim.report.rows import format_row
 
     console = Console(highlight=False, soft_wrap=True)
@@ -94,17 +113,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with progress:
             if args.resume is not None:
-                result = resume_run(args.resume, on_row=on_row)
+                result = resume_run(args.resume, rounds=rounds, on_row=on_row)
             else:
                 result = run_scenario(scenario, args.out, on_row=on_row)
+    except AlreadyFinished as exc:  # nothing to do, and nothing was changed: not an error
+        console.print(str(exc), markup=False)
+        return 0
     except ValueError as exc:  # invalid combination found while building data, model or strategy
         return _fail(str(exc))
+    except EngineError as exc:  # the engine cannot go on: every finished round is written
+        print(f"fedsim: engine error: {exc}", file=sys.stderr)
+        return 1
     _print_summary(console, result)
     if result.stopped_by == "budget":  # the last line says why the run ended early
         console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
         return EXIT_BUDGET
     if result.stopped_by == "failures":
-        console.print(f"[red]failures: {result.stopped_detail or result.stopped_reason}[/red]")
+        from rich.markup import escape
+
+        # exact failure counts and a client's error: labelled, like non_private in the rows (see privacy_scope)
+        why = escape(result.stopped_detail or result.stopped_reason or "")
+        console.print(f"[red]{FAILURES_LABEL}: {why}[/red]")
         return EXIT_FAILURES
     return 0
 
@@ -119,6 +148,8 @@ def describe_statement(gen: dict[str, Any]) -> str:
 
 
 def _print_summary(console: Any, result: Any) -> None:
+    from fedsim.report.rows import format_epsilon
+
     rows = result.rows
     if not rows:
         console.print("no round was run")
@@ -129,7 +160,10 @@ def _print_summary(console: Any, result: Any) -> None:
     parts = ", ".join(
         f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s"
     )
-    console.print(f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts})")
+    console.print(
+        f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts}; timings are non-private: they grow "
+        "with the realised cohort)"
+    )
     diag = last.get("non_private", {})
     if last.get("heldout_accuracy") is not None:
         console.print(
@@ -138,7 +172,7 @@ def _print_summary(console: Any, result: Any) -> None:
         )
     igmm = last.get("paper_epsilon_igmm")
     console.print(
-        f"privacy: certified epsilon {last['epsilon']:.3f} at delta {last['delta']:g} ({last['accountant']}); "
+        f"privacy: certified epsilon {format_epsilon(last)} at delta {last['delta']:g} ({last['accountant']}); "
         f"IGMM Theorem 7 as printed: {'undefined' if igmm is None else f'{igmm:.3f}'} (paper bound, not a "
         "certificate)"
     )
@@ -162,48 +196,123 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.parallel is not None and args.parallel < 1:
         return _fail(f"--parallel must be >= 1, got {args.parallel}")
+    if args.last is not None and args.last < 1:
+        return _fail(f"--last must be >= 1, got {args.last}")
     try:
         grid = sweep.parse_grid(args.grid) if args.grid else None
         base, runs = sweep.plan_sweep(args.scenario, sets=args.set, grid=grid, seeds=args.seeds, out=args.out)
         line = sweep.line_key(runs, args.line)
     except ScenarioError as exc:
         return _fail(str(exc))
+    last = args.last or base.sweep.last
     out = runs[0].out.parent.parent
+    if out.exists() and not out.is_dir():
+        return _fail(f"--out {out} is a file; a sweep writes a directory of run directories there")
+    try:  # every existing run directory is checked before anything runs (fedsim.sweep.prepare_runs)
+        sweep.prepare_runs(args.scenario, runs, new_run_dirs=args.new_run_dirs)
+    except ScenarioError as exc:
+        return _fail(str(exc))
     parallel = min(args.parallel or sweep.default_parallel(), len(runs))
-    console = Console(highlight=False, soft_wrap=True)
+    # a file or a pipe has no width: rich would cut the tables at 80 columns
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     console.print(
         f"[bold]fedsim sweep {base.name}[/bold]: {len(runs)} runs ({len({sweep._slug(r.setting) for r in runs})} "
         f"settings x {len({r.seed for r in runs})} seeds), {parallel} at a time, into {out}"
     )
+    for r in runs:
+        if r.replaced is not None:
+            console.print(
+                f"{r.replaced} holds a run of other settings (kept as it is): this run goes to {r.out}"
+            )
     done = 0
 
     def on_result(r: Any) -> None:
         nonlocal done
         done += 1
         res = r.result
-        acc, eps = res.get("heldout_accuracy"), res.get("epsilon")
-        what = f"held-out acc {acc:.3f}, epsilon {eps:.3f}" if acc is not None and eps is not None else ""
+        acc, eps = res.get("heldout_accuracy_final"), res.get("epsilon")
+        what = (
+            f"final held-out acc {acc:.3f}, epsilon {sweep.shown('epsilon', eps, res)}"
+            if acc is not None and eps is not None
+            else ""
+        )
         console.print(
             f"[{done}/{len(runs)}] {sweep._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
         )
 
     sweep.run_sweep(args.scenario, runs, parallel=parallel, on_result=on_result)
-    csv_path = sweep.write_csv(runs, out / "sweep.csv")
-    plot = sweep.plot_privacy_utility(runs, out / "privacy_utility.png", line=line, title=base.name)
+    sweep.add_statistics(runs, last)
+    csv_path = sweep.write_csv(runs, out / "sweep.csv", last=last)
+    summary_path = sweep.write_summary_csv(runs, out / "sweep_summary.csv", last=last)
+    plot = sweep.plot_privacy_utility(
+        runs, out / "privacy_utility.png", line=line, title=base.name, last=last
+    )
+    stat = sweep.statistic(last)
     columns, rows = sweep.table_rows(runs)
-    table = Table(title=f"{base.name}: {len(runs)} runs (train acc and gap: non-private diagnostics)")
-    shown = [c for c in columns if c != "run_dir"]
+    table = Table(
+        title=f"{base.name}: {len(runs)} runs; held-out accuracy: {stat} (fewer where a run evaluated fewer: "
+        "rounds averaged) and the final round (non-private: diagnostics that epsilon does not cover)"
+    )
+    shown = [c for c in columns if c not in ("run_dir", "private")]
     for c in shown:
-        table.add_column(sweep.SHORT_HEADERS.get(c, c.rsplit(".", 1)[-1]), no_wrap=c != "status")
+        header = sweep.short_header(c, last)
+        # a non-private column's label must never be cut short: it is part of what the value means
+        table.add_column(header, no_wrap=c != "status", min_width=max(map(len, header.splitlines())))
     for row in rows:
-        table.add_row(*[sweep.shown(c, row.get(c)) for c in shown])
+        table.add_row(*[sweep.shown(c, row.get(c), row) for c in shown])
     console.print(table)
-    console.print(f"table: {csv_path}" + (f"; privacy-utility plot: {plot}" if plot else ""))
-    failed = [r for r in runs if str(r.result.get("status", "")).startswith("error")]
+    keys = [k for k in columns if k not in sweep.RESULT_COLUMNS]
+    per = Table(
+        title=f"{base.name}: per setting, held-out accuracy = {stat}, mean over seeds +- 95% Student t interval "
+        "(one seed: n=1, no interval); epsilon: certified after the final round"
+    )
+    for k in keys:
+        per.add_column(k.rsplit(".", 1)[-1], no_wrap=True)
+    for header in ("n", f"held-out acc\n{stat}", "final round\n(mean)", "epsilon", "failed"):
+        per.add_column(header, no_wrap=True, min_width=max(map(len, header.splitlines())))
+    spread = []
+    for s in sweep.summarise_settings(runs):
+        acc = "n/a" if s.mean is None else f"{s.mean:.3f}"
+        if s.half is not None:
+            acc += f" +- {s.half:.3f}"
+        elif s.mean is not None:
+            acc += f" ({sweep.interval_text(s.n)})"
+        lo, hi = s.eps_min, s.eps_max
+        if s.private is False:
+            eps = "inf (not private)"
+        elif lo is None:
+            eps = "n/a"
+        elif lo == hi:
+            eps = sweep.shown("epsilon", lo)
+        else:
+            eps = f"{lo:.3f}-{hi:.3f}"
+            spread.append(sweep._slug(s.setting))
+        per.add_row(
+            *[sweep.shown(k, s.setting.get(k)) for k in keys],
+            str(s.n),
+            acc,
+            "n/a" if s.final_mean is None else f"{s.final_mean:.3f}",
+            eps,
+            str(s.failed),
+        )
+    console.print(per)
+    if spread:
+        console.print(
+            f"epsilon differs between the seeds of {', '.join(spread)} (min-max shown): their runs released "
+            "different numbers of rounds (a stop, or a run resumed with more rounds)"
+        )
+    console.print(
+        f"table: {csv_path}; per setting: {summary_path}"
+        + (f"; privacy-utility plot: {plot}" if plot else "")
+    )
+    failed = [r for r in runs if sweep.run_failed(r.result)]
     if failed:
         console.print(
-            f"[red]{len(failed)} of {len(runs)} runs failed; the others are written (run again to retry)[/red]"
+            f"[red]{len(failed)} of {len(runs)} runs failed; the others are written (run again to retry the runs "
+            "that raised or were lost; a run stopped by failures is kept as it ended)[/red]"
         )
+        for r in failed:
+            console.print(f"  {r.result.get('run_dir', r.out)}: {r.result.get('status')}", markup=False)
         return 1
     return 0
 
@@ -237,6 +346,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def print_run_summary(console: Any, run: dict[str, Any]) -> None:
     """One screen about a finished (or stopped) run, from its files."""
+    from rich.markup import escape
+
+    from fedsim.report.rows import format_epsilon, summary_stop
+
     rows, summary = run["rows"], run["summary"]
     console.print(f"[bold]{run['path']}[/bold]: scenario {summary.get('scenario', '?')}")
     if not rows:
@@ -244,7 +357,12 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
         return
     last = rows[-1]
     planned = summary.get("rounds_planned", "?")
-    stop = f"; stopped: {summary['stopped_reason']}" if summary.get("stopped_reason") else ""
+    stopped = summary_stop(summary)
+    stop = ""
+    if stopped["stopped_reason"]:  # a stop by client failures is an exact fact about clients: labelled
+        label = " (non-private: exact facts about clients, not covered by epsilon)"
+        label = label if stopped["non_private"] else ""
+        stop = f"; stopped{label}: {escape(str(stopped['stopped_reason']))}"
     console.print(f"rounds: {len(rows)} of {planned}{stop}")
     diag = last.get("non_private") or {}
     if last.get("heldout_accuracy") is not None:
@@ -259,7 +377,7 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
     igmm = last.get("paper_epsilon_igmm")
     corrected = last.get("paper_epsilon_igmm-corrected")
     console.print(
-        f"privacy: certified epsilon {last['epsilon']:.3f} at delta {last['delta']:g} ({last['accountant']}); "
+        f"privacy: certified epsilon {format_epsilon(last)} at delta {last['delta']:g} ({last['accountant']}); "
         f"IGMM Theorem 7 as printed {'undefined' if igmm is None else f'{igmm:.3f}'} (not a certificate); "
         f"corrected closed form {'undefined' if corrected is None else f'{corrected:.3f}'}"
     )
@@ -303,15 +421,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         default=None,
         metavar="RUN_DIR",
-        help="continue a killed run from its checkpoint (engine.checkpoint_every), to the same result",
+        help="continue a killed run from its checkpoint (engine.checkpoint_every), to the same result; with "
+        "--set rounds=M, extend a seeded run to M rounds (the only setting that may change; a finished run with "
+        "no more rounds is left as it is)",
     )
     run.set_defaults(func=cmd_run)
 
     sw = sub.add_parser(
         "sweep",
         help="run a scenario over a grid of settings and seeds; compare them in a table and a plot",
-        epilog="exit codes: 0 every run finished; 1 some runs failed (the others are written; run the same command "
-        "again to retry them: finished runs are skipped); 2 bad input",
+        epilog="A run directory is reused (a finished run skipped, a killed seeded run resumed or run again) only when "
+        "its config.toml is the run's planned config; otherwise the sweep refuses before running anything (exit 2), "
+        "naming the directory and the differing keys, unless --new-run-dirs. A killed run that drew from the "
+        "operating system (privacy.randomness = os-entropy) is never run again. exit codes: 0 every run finished "
+        "(a stop by privacy.max_epsilon is a finish); 1 some runs failed: raised, lost with their Ray task, or "
+        "stopped because too many of a round's clients failed (the others are written; run the same command again "
+        "to retry the runs that raised or were lost: finished runs are skipped); 2 bad input, or an existing run "
+        "directory whose config differs (nothing is run)",
     )
     sw.add_argument(
         "scenario", help="a shipped scenario name or a .toml path; its [sweep] table is the default grid"
@@ -332,6 +458,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--parallel", type=int, default=None, help="runs at a time on Ray (default: the CPUs here)"
     )
     sw.add_argument("--line", default=None, help="grid key drawn as one line per value in the plot")
+    sw.add_argument(
+        "--last",
+        type=int,
+        default=None,
+        metavar="K",
+        help="compare held-out accuracy as each run's mean over its last K evaluated rounds, and per setting the "
+        "mean over seeds with a 95%% Student t interval (default: the scenario's sweep.last, 5); sweep.csv keeps "
+        "the final round's too",
+    )
+    sw.add_argument(
+        "--new-run-dirs",
+        action="store_true",
+        help="when a run's directory holds a run whose config.toml differs from the planned one, start the run in "
+        "a new directory beside it (seed0.2, seed0.3, ...; the old one is kept as it is) instead of refusing",
+    )
     sw.set_defaults(func=cmd_sweep)
 
     rep = sub.add_parser(

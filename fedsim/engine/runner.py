@@ -1,10 +1,16 @@
 """Run a scenario end to end: build the experiment, start the engine its ``engine.name`` names, run the one round
-loop (:func:`fedsim.loop.run_rounds`), write the run directory.
+loop (:func:`fedsim.loop.run_rounds`), write the run directory; continue or extend a run (:func:`resume_run`).
+
+The final model is written as ``model.npz`` (a flat vector) and ``model.pt`` (the ``state_dict`` of the scenario's
+model, :func:`fedsim.load_model`). A seeded run with checkpoints on also leaves a checkpoint of its last round, so
+that ``--resume --set rounds=M`` extends it from there.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +18,18 @@ from typing import Any
 
 from fedsim.experiment import build_experiment
 from fedsim.loop import Engine, RunResult, run_rounds
-from fedsim.report.checkpoint import CheckpointError, read_checkpoint
-from fedsim.report.rundir import RunWriter, new_run_dir, read_rows
+from fedsim.report.checkpoint import (
+    CHECKPOINT,
+    CheckpointError,
+    read_checkpoint,
+    retarget_checkpoint,
+    write_checkpoint,
+)
+from fedsim.report.rows import summary_stop
+from fedsim.report.rundir import RunWriter, check_out, model_shape, new_run_dir, read_rows
+from fedsim.report.trackers import check_trackers
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
+from fedsim.training.trainer import TrainSettings, make_model
 
 from .flower_engine import FlowerEngine
 from .ray_engine import LocalEngine, RayEngine
@@ -57,24 +72,93 @@ def run_scenario(
     (``ray``, ``local`` or ``flower``: Flower's own Simulation Engine) is started and closed.
     """
     t0 = time.perf_counter()
-    run_dir = new_run_dir(scenario.name, out, runs_root) if write else None  # refuse a used --out first
+    # everything that can refuse the scenario runs before the run directory exists: the config must be writable
+    # (a callable defined in __main__ is not), --out must be usable, the data, model and strategy must build
+    config_toml = config_text(scenario) if write else None
+    if write:
+        check_trackers(scenario)  # a tracker that cannot start (package missing, bad URI): refused here
+    if write and out is not None:
+        check_out(out)
+    flower = engine is None and scenario.engine.name == "flower"
+    exp = None if flower else build_experiment(scenario)
+    run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
     writer = RunWriter(run_dir) if run_dir else None
+    if writer:
+        writer.model_factory = (
+            _factory_from_run_dir(scenario, writer.path)
+            if exp is None
+            else model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
+        )
     try:
         if writer:
-            writer.begin(scenario_to_toml(scenario))
-        if engine is None and scenario.engine.name == "flower":
-            flower = FlowerEngine(
+            writer.begin(config_toml)
+        if exp is None:
+            runner = FlowerEngine(
                 num_cpus_per_client=scenario.engine.num_cpus_per_worker,
                 num_gpus_per_client=scenario.engine.num_gpus_per_worker,
             )
-            return flower.run(scenario, on_row=on_row, writer=writer)
-        exp = build_experiment(scenario)
+            return runner.run(scenario, on_row=on_row, writer=writer)
         if writer:
-            writer.write_json("data.json", exp.data.describe())
-        return _run_on_engine(exp, engine, writer, on_row, t0)
+            writer.write_data(exp.data.describe())  # its exact statistics under non_private
+        result = _run_on_engine(exp, engine, writer, on_row, t0)
+        final_checkpoint(writer, result, scenario)
+        return result
     finally:
         if writer:
             writer.close()
+
+
+def model_factory(settings: TrainSettings, input_shape: Any, num_classes: int) -> Callable[[], Any]:
+    """Builds the run's model as every trainer does (:func:`fedsim.training.trainer.make_model`), untrained."""
+    return functools.partial(make_model, settings, tuple(input_shape), int(num_classes))
+
+
+def _factory_from_run_dir(scenario: Scenario, run_dir: Path) -> Callable[[], Any]:
+    """:func:`model_factory` with the data's shape read from the run's ``data.json`` when the model is built (Flower's
+    Simulation Engine builds the data in its own process and writes it there)."""
+
+    def factory() -> Any:
+        shape = model_shape(run_dir)
+        if shape is None:
+            raise ValueError(f"{run_dir / 'data.json'} does not give the data's input_shape and num_classes")
+        return model_factory(TrainSettings.from_scenario(scenario), *shape)()
+
+    return factory
+
+
+def final_checkpoint(writer: RunWriter | None, result: RunResult, scenario: Scenario) -> None:
+    """After the last round of a seeded run with checkpoints on (``engine.checkpoint_every > 0``): a checkpoint of
+    that round (the loop writes them only before the end), from which ``--resume --set rounds=M`` extends the run
+    without running any of its rounds again. Nothing for a run stopped early, or one that draws from the operating
+    system (it can never be resumed)."""
+    if (
+        writer is None
+        or writer.config_toml is None
+        or getattr(result.strategy, "randomness", None) != "seeded"
+        or scenario.engine.checkpoint_every <= 0
+        or result.stopped_by is not None
+        or not result.rows
+        or result.rows[-1].get("round") != scenario.rounds
+    ):
+        return
+    write_checkpoint(
+        writer.path, scenario.rounds, result.weights, result.strategy.state_dict(), writer.config_toml
+    )
+
+
+def config_text(scenario: Scenario) -> str:
+    """The scenario as ``config.toml``; a ``ValueError`` saying why when it cannot be written (a callable given
+    through the Python API that is not importable by reference, such as one defined in ``__main__``)."""
+    from pydantic_core import PydanticSerializationError
+
+    try:
+        return scenario_to_toml(scenario)
+    except PydanticSerializationError as exc:
+        msg = str(exc)
+        msg = msg.split("Error calling function", 1)[-1].split(": ", 1)[-1] if "Error calling" in msg else msg
+        raise ValueError(
+            f"the scenario cannot be written to the run directory's config.toml, so nothing was run: {msg}"
+        ) from None
 
 
 def _run_on_engine(
@@ -97,19 +181,37 @@ def _run_on_engine(
             engine.close()
 
 
+class AlreadyFinished(Exception):
+    """``--resume`` of a run that ran all its rounds, with no more rounds asked for: nothing to do (not an error).
+    The message says how to extend it."""
+
+
 def resume_run(
     run_dir: str | Path,
     *,
+    rounds: int | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     engine: Engine | None = None,
 ) -> RunResult:
-    """Continue the run in ``run_dir`` from its checkpoint, to the same end as a run never interrupted.
+    """Continue the run in ``run_dir`` from its checkpoint, to the same end as a run never interrupted; with
+    ``rounds`` (more than its ``config.toml`` says), extend it to that many rounds.
 
     Everything is checked before anything is changed: the config, the checkpoint (readable, written for this
     config) and the rows it says were written. Then the rows after the checkpoint (rounds that ran after it and
     will run again) are dropped from ``metrics.jsonl``, and the rounds after it run with the same cohorts, noise
     and training as the first time; the ledger continues from the checkpoint's, so no round is counted twice.
     Only seeded runs can be resumed: with the operating system's entropy, rounds run again would be new releases.
+
+    Extending (``rounds=M``): the number of rounds is the only setting that may change (nothing a round computes
+    before the end depends on it), and only upwards. ``config.toml`` is rewritten with ``rounds = M`` (the
+    checkpoint is first made valid for it too: :func:`fedsim.report.checkpoint.retarget_checkpoint`). A finished
+    run continues from the checkpoint of its last round (:func:`final_checkpoint`); one without it (written by an
+    older fedsim) runs its rounds after its last checkpoint again, with the same cohorts and noise, and its rows
+    up to its old end are kept as they were written. Rounds 1..M of the extended run, its ledger and
+    its model are then those of a run of M rounds from scratch, except that the old last row carries the
+    evaluation every run does at its end (with ``engine.eval_every > 1``).
+
+    A finished run with no more rounds asked for raises :class:`AlreadyFinished` and changes nothing.
     """
     path = Path(run_dir)
     config = path / "config.toml"
@@ -133,11 +235,34 @@ def resume_run(
             f"{scenario.privacy.randomness!r}, so the rounds after the checkpoint cannot be run again with the "
             "same noise, and new noise would release more than the ledger accounts; nothing was changed"
         )
-    ckpt = read_checkpoint(path, config_toml)
+    old = scenario.rounds
+    target = old if rounds is None else _rounds(rounds)
+    if target < old:
+        raise CheckpointError(
+            f"rounds={target}: this run has rounds = {old} in its config.toml; a run can be extended "
+            f"(rounds > {old}), never shortened; nothing was changed"
+        )
+    check_trackers(scenario)
+    # a checkpoint that is there is checked first, finished run or not: a damaged one is an error either way
+    ckpt = read_checkpoint(path, config_toml) if (path / CHECKPOINT).is_file() else None
+    finished = finished_rows(path, old)
+    if finished is not None and target == old:
+        raise AlreadyFinished(
+            f"{path} is already finished: {old} of {old} rounds; nothing to do; to extend it, "
+            f"--set rounds=M (M > {old})"
+        )
+    if ckpt is None:
+        ckpt = read_checkpoint(path, config_toml)  # raises: nothing to resume from
+    if ckpt.round > old:
+        raise CheckpointError(
+            f"{path / CHECKPOINT} is of round {ckpt.round}, after the run's last ({old}); nothing was changed"
+        )
     metrics = path / "metrics.jsonl"
+    clean = True
     try:
         rows = read_rows(path) if metrics.is_file() else []
     except ValueError as exc:  # a line cut short by the kill is after the checkpoint's rows, or it is corrupt
+        clean = False
         lines = metrics.read_text().splitlines()
         try:
             rows = [json.loads(x) for x in lines[: ckpt.round]]
@@ -149,17 +274,75 @@ def resume_run(
         raise CheckpointError(
             f"{metrics} holds {len(rows)} rows but the checkpoint is of round {ckpt.round}; nothing was changed"
         )
+    rewrite = not clean or len(rows) != ckpt.round
     rows = rows[: ckpt.round]
+    extended, extended_toml = scenario, config_toml
+    if target > old:
+        try:
+            extended = load_scenario(str(config), [f"rounds={target}"])
+        except ScenarioError as exc:
+            raise CheckpointError(f"rounds={target}: {exc}") from None
+        extended_toml = scenario_to_toml(extended)
     t0 = time.perf_counter()
-    exp = build_experiment(scenario)
+    exp = build_experiment(extended)
     if ckpt.weights.shape != exp.initial_weights.shape:
         raise CheckpointError(
             f"the checkpoint's model has {ckpt.weights.size} parameters, the scenario's {exp.initial_weights.size}"
         )
-    # from here on the run directory changes: drop the rows that will be computed again
+    # from here on the run directory changes: the config of an extended run, then the rows that will be computed
+    # again are dropped
+    if extended_toml != config_toml:
+        # the checkpoint is valid for both configs until the next one is written
+        retarget_checkpoint(path, config_toml, extended_toml)
+        tmp = config.with_name(config.name + ".tmp")
+        tmp.write_text(extended_toml)
+        os.replace(tmp, config)
+    emit = on_row
+    if finished is not None and on_row is not None:  # the old rounds run again are not news: not shown again
+
+        def emit(row: dict[str, Any]) -> None:
+            if row.get("round", 0) > old:
+                on_row(row)
+
     writer = RunWriter(path)
+    writer.model_factory = model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
     try:
-        writer.replace_rows(rows)
-        return _run_on_engine(exp, engine, writer, on_row, t0, resume=ckpt, prior_rows=rows)
+        if rewrite:
+            writer.replace_rows(rows)
+        result = _run_on_engine(exp, engine, writer, emit, t0, resume=ckpt, prior_rows=rows)
     finally:
         writer.close()
+    if finished is not None and ckpt.round < old and len(result.rows) >= old:
+        # the rounds of the finished run after its last checkpoint ran again with the same cohorts and noise: their
+        # rows stay as they were written (the old last one holds the evaluation every run does at its end)
+        result.rows[:old] = finished
+        writer = RunWriter(path)
+        try:
+            writer.replace_rows(result.rows)
+        finally:
+            writer.close()
+        writer.write_plots()  # drawn from metrics.jsonl
+    final_checkpoint(writer, result, extended)
+    return result
+
+
+def _rounds(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"rounds={value!r}: give a whole number of rounds >= 1; nothing was changed")
+    return int(value)
+
+
+def finished_rows(run_dir: str | Path, rounds: int) -> list[dict[str, Any]] | None:
+    """The rows of the run in ``run_dir`` if it ran all its ``rounds`` rounds and wrote its summary (a run that
+    raised or was stopped early did not finish), else None."""
+    path = Path(run_dir)
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        rows = read_rows(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict):
+        return None
+    stop = summary_stop(summary)
+    done = stop["stopped_by"] is None and stop["rounds_completed"] == rounds == summary.get("rounds_planned")
+    return rows if done and [r.get("round") for r in rows] == list(range(1, rounds + 1)) else None

@@ -7,6 +7,11 @@ and renamed over the previous one, so a run killed at any moment leaves the prev
 
 No pickle: arrays are plain ``.npy`` members (``allow_pickle=False``) and the rest is JSON, so a checkpoint
 from elsewhere cannot run code when it is read.
+
+A run extended to more rounds (``fedsim run --resume RUN_DIR --set rounds=M``) gets a new ``config.toml``; its
+checkpoint is first made valid for the new config as well as the old one (:func:`retarget_checkpoint`: the number
+of rounds is the only difference, and nothing in the state of a round before the end depends on it), so that a
+kill between the two writes leaves a run that resumes under either.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ class Checkpoint:
 
 def config_digest(config_toml: str) -> str:
     return hashlib.sha256(config_toml.encode()).hexdigest()
+
+
+def _digests(meta: dict[str, Any]) -> list[Any]:
+    """The digests of the config texts a checkpoint was written for: ``config_sha256``, and after
+    :func:`retarget_checkpoint` the config it was made for before (``config_sha256_also``)."""
+    also = meta.get("config_sha256_also")
+    return [meta.get("config_sha256"), *(also if isinstance(also, list) else [])]
 
 
 def write_checkpoint(
@@ -88,7 +100,7 @@ def read_checkpoint(run_dir: Path, config_toml: str) -> Checkpoint:
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a {FORMAT} checkpoint; nothing was changed")
-    if meta.get("config_sha256") != config_digest(config_toml):
+    if config_digest(config_toml) not in _digests(meta):
         raise CheckpointError(
             f"{path} was written for another config.toml than the one in {run_dir}; nothing was changed"
         )
@@ -100,3 +112,32 @@ def read_checkpoint(run_dir: Path, config_toml: str) -> Checkpoint:
     strategy = dict(meta.get("strategy") or {})
     strategy["server_optimizer"] = opt
     return Checkpoint(round_, weights, strategy)
+
+
+def retarget_checkpoint(run_dir: Path, old_config_toml: str, new_config_toml: str) -> Path:
+    """Make the checkpoint of ``run_dir`` (written for ``old_config_toml``) valid for ``new_config_toml`` too, the
+    same config with more rounds (a run extended by ``--resume --set rounds=M``); everything else in it is kept
+    as it is. Written atomically like :func:`write_checkpoint`; call it before ``config.toml`` is replaced."""
+    path = run_dir / CHECKPOINT
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            members = {k: np.array(z[k]) for k in z.files}
+        meta = json.loads(str(members["meta"]))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); nothing was changed"
+        ) from None
+    if not isinstance(meta, dict) or config_digest(old_config_toml) not in _digests(meta):
+        raise CheckpointError(
+            f"{path} was written for another config.toml than the one in {run_dir}; nothing was changed"
+        )
+    meta["config_sha256"] = config_digest(new_config_toml)
+    meta["config_sha256_also"] = [config_digest(old_config_toml)]
+    members["meta"] = np.array(json.dumps(meta))
+    tmp = run_dir / (CHECKPOINT + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **members)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -1,6 +1,7 @@
 """A run killed with SIGKILL in the middle finishes under ``fedsim run --resume`` exactly as a run never
 interrupted: the same rows, ledger and final model; no round counted twice or lost. A bad checkpoint is a clear
-error that changes nothing."""
+error that changes nothing. ``--resume --set rounds=M`` extends a finished run to what a run of M rounds from
+scratch gives; a finished run with no more rounds is left as it is."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedsim.cli import main
+from fedsim.engine import runner
+from fedsim.report.checkpoint import CheckpointError, read_checkpoint, retarget_checkpoint
 
 # adaptive clipping, a momentum server optimizer and Poisson sampling: every piece of state a checkpoint carries
 SETTINGS = [
@@ -117,15 +121,119 @@ def test_a_run_that_drew_from_os_entropy_is_not_resumed(tmp_path, capsys):
     assert main([*_args(out), "--set", "rounds=4", "--set", "privacy.randomness=os-entropy"]) == 0
     assert not (out / "checkpoint.npz").exists()  # a checkpoint it could never be resumed from is not written
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "--resume needs privacy.randomness = 'seeded'" in err and "nothing was changed" in err
-    assert "Traceback" not in err
+    # nor extended: its new rounds would be fine, but not the old ones it would run again
+    for more in ([], ["--set", "rounds=6"]):
+        assert main(["run", "--resume", str(out), "--no-progress", *more]) == 2
+        err = capsys.readouterr().err
+        assert "--resume needs privacy.randomness = 'seeded'" in err and "nothing was changed" in err
+        assert "Traceback" not in err
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_resume_refuses_what_would_change_the_run(tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path), "quickstart"]) == 2
-    assert "give no scenario, --set or --out" in capsys.readouterr().err
+    assert "give no scenario or --out" in capsys.readouterr().err
     assert main(["run", "--resume", str(tmp_path / "nothing-here")]) == 2
     assert "config.toml" in capsys.readouterr().err
+
+
+def _files(out: Path) -> dict[Path, bytes]:
+    return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def _state_dict(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path / "model.pt", weights_only=True)
+
+
+@pytest.mark.parametrize(
+    ("written", "eval_every"),
+    [
+        ("checkpoint-at-the-end", 1),  # a run of this fedsim: extended from its last round, nothing run again
+        ("older-run", 2),  # a run without the final checkpoint: rounds 4-5 run again, its rows are kept
+    ],
+)
+def test_a_finished_run_extends_to_the_run_from_scratch(tmp_path, capsys, monkeypatch, written, eval_every):
+    every = ["--set", f"engine.eval_every={eval_every}"]
+    ref = tmp_path / "ref"
+    assert main([*_args(ref), "--set", "rounds=8", *every]) == 0
+    out = tmp_path / "extended"
+    with monkeypatch.context() as m:
+        if written == "older-run":
+            m.setattr(runner, "final_checkpoint", lambda *a, **k: None)
+        assert main([*_args(out), "--set", "rounds=5", *every]) == 0
+    ckpt = json.loads(str(np.load(out / "checkpoint.npz")["meta"]))["round"]
+    assert ckpt == (5 if written == "checkpoint-at-the-end" else 3)
+    old_lines = (out / "metrics.jsonl").read_text().splitlines()
+    capsys.readouterr()
+
+    assert main(["run", "--resume", str(out), "--no-progress", "--set", "rounds=8"]) == 0
+    printed = capsys.readouterr().out
+    assert "round   6/8 |" in printed and "round   5/8 |" not in printed  # only the new rounds are news
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert lines[:5] == old_lines  # the old rows, as they were written
+    rows, expected = _rows(out), _rows(ref)
+    assert len(rows) == 8 and rows[5:] == expected[5:] and rows[:4] == expected[:4]
+    if eval_every == 1:
+        assert rows == expected
+    else:  # the old last round was evaluated as the end of that run; the run from scratch did not evaluate it
+        assert "heldout_accuracy" in rows[4] and "heldout_accuracy" not in expected[4]
+        assert {k: rows[4][k] for k in expected[4] if k != "non_private"} == {
+            k: v for k, v in expected[4].items() if k != "non_private"
+        }
+    assert rows[-1]["epsilon"] == expected[-1]["epsilon"]  # the ledger continued: no round counted twice
+    assert json.loads((out / "ledger.json").read_text()) == json.loads((ref / "ledger.json").read_text())
+    np.testing.assert_array_equal(
+        np.load(out / "model.npz")["weights"], np.load(ref / "model.npz")["weights"]
+    )
+    got, want = _state_dict(out), _state_dict(ref)
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert (out / "config.toml").read_text() == (ref / "config.toml").read_text()  # rounds = 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_planned"] == summary["rounds_completed"] == 8
+    assert summary["final"] == json.loads((ref / "summary.json").read_text())["final"]
+    assert json.loads(str(np.load(out / "checkpoint.npz")["meta"]))["round"] == 8  # it can be extended again
+
+    before = _files(out)  # finished: nothing to do, nothing changed, not an error
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert (
+        "already finished: 8 of 8 rounds; nothing to do; to extend it, --set rounds=M"
+        in capsys.readouterr().out
+    )
+    assert _files(out) == before
+
+
+def test_resume_changes_only_rounds_and_only_upwards(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*_args(out), "--set", "rounds=4"]) == 0
+    before = _files(out)
+    for sets, message in [
+        (["--set", "rounds=5", "--set", "privacy.noise_multiplier=2"], "only rounds may be changed"),
+        (["--set", "seed=1"], "only rounds may be changed (--set rounds=M extends the run to M rounds)"),
+        (["--set", "rounds=two"], "rounds must be a whole number"),
+        (["--set", "rounds=3"], "never shortened"),
+    ]:
+        assert main(["run", "--resume", str(out), "--no-progress", *sets]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert _files(out) == before
+    # the same number of rounds: nothing to do
+    assert main(["run", "--resume", str(out), "--no-progress", "--set", "rounds=4"]) == 0
+    assert "already finished: 4 of 4 rounds" in capsys.readouterr().out and _files(out) == before
+
+
+def test_an_extension_killed_between_its_two_writes_resumes_either_way(tmp_path, capsys):
+    """The checkpoint is made valid for the new config before config.toml is replaced."""
+    out = tmp_path / "run"
+    assert main([*_args(out), "--set", "rounds=4"]) == 0
+    config = out / "config.toml"
+    old = config.read_text()
+    new = old.replace("rounds = 4", "rounds = 6", 1)
+    retarget_checkpoint(out, old, new)  # killed here: the run is still the finished 4-round run
+    assert read_checkpoint(out, old).round == read_checkpoint(out, new).round == 4
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert "already finished: 4 of 4 rounds" in capsys.readouterr().out
+    config.write_text(new)  # killed here: a 6-round run with 4 rounds done, resumed as any other
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert [r["round"] for r in _rows(out)] == list(range(1, 7))
+    with pytest.raises(CheckpointError, match=r"another config\.toml"):
+        read_checkpoint(out, old)  # the checkpoint at the end is of the 6-round config only
