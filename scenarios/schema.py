@@ -10,6 +10,7 @@ placements, the certified accountants, server optimizers, training paths), and t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from fedsim.privacy.accountants import CERTIFIED
 from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLINGS
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
-from fedsim.validation import cohort
+from fedsim.validation import cohort, noise_and_clip
 
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
@@ -56,6 +57,19 @@ def _serialize_callable(value: Any, what: str) -> Any:
             "module (it is then written as 'package.module:function')"
         )
     return ref
+
+
+def _finite_values(what: str, value: Any) -> None:
+    """Refuse nan and inf anywhere in a free-form value (a model option, a data function's options): a scenario is
+    TOML, which cannot write them back, and no option is meaningful at either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what}={value!r}: nan and inf are not allowed; give a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_values(f"{what}.{k}", v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _finite_values(what, v)
 
 
 class DataConfig(_Section):
@@ -106,6 +120,12 @@ class DataConfig(_Section):
             "'package.module:function'"
         )
 
+    @field_validator("options")
+    @classmethod
+    def _finite_options(cls, value: Any) -> Any:
+        _finite_values("data.options", value or {})
+        return value
+
     @model_validator(mode="after")
     def _options_for_functions(self) -> DataConfig:
         if self.options is not None and not (callable(self.dataset) or factories.is_reference(self.dataset)):
@@ -149,6 +169,8 @@ class ModelConfig(BaseModel):
             raise ValueError("give model.name (a shipped model) or model.factory, not both")
         if isinstance(self.factory, str) and not factories.is_reference(self.factory):
             raise ValueError(f"model.factory={self.factory!r}: allowed 'package.module:function'")
+        for key, value in self.options().items():
+            _finite_values(f"model.{key}", value)
         # import what is named now, so that a typo fails at load time rather than on a worker
         factories.check_options(self.reference(), self.options())
         factories.resolve_loss(self.loss)
@@ -177,8 +199,15 @@ class PrivacyConfig(_Section):
     clients_per_round: int | None = Field(
         None, ge=1, description="fixed: cohort size; poisson: expected cohort size (q = this / population)"
     )
-    clip: float = Field(1.0, gt=0)
-    noise_multiplier: float = Field(1.0, gt=0, description="noise std on the sum = noise_multiplier * clip")
+    clip: float = Field(
+        1.0, ge=0, description="L2 bound on one client's update; 0: no clipping (plain FedAvg)"
+    )
+    noise_multiplier: float = Field(
+        1.0,
+        ge=0,
+        description="noise std on the sum = noise_multiplier * clip; 0: the non-private baseline (clipped, "
+        "un-noised; epsilon is infinite)",
+    )
     noise_placement: NoisePlacement = "central"
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: CertifiedAccountant = "pld"
@@ -201,6 +230,18 @@ class PrivacyConfig(_Section):
     def _cohort(self) -> PrivacyConfig:
         # the library's rule (fedsim.validation.cohort), so a scenario and the API refuse the same values
         cohort(self.sampling, self.sampling_rate, self.clients_per_round)
+        noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
+        if self.noise_multiplier == 0:
+            if self.max_epsilon is not None:
+                raise ValueError(
+                    "max_epsilon: no budget holds with noise_multiplier = 0 (not private); drop it"
+                )
+            if self.noise_placement == "distributed":
+                raise ValueError(
+                    "noise_placement = 'distributed' with noise_multiplier = 0 adds no noise: use central"
+                )
+        if self.clip == 0 and self.adaptive_clip:
+            raise ValueError("adaptive_clip needs a clip > 0 to adapt (clip = 0 means no clipping)")
         return self
 
 
@@ -265,6 +306,27 @@ class ReportConfig(_Section):
         description="each evaluated round, a client-level loss-threshold membership-inference attack (members: "
         "training clients, non-members: held-out clients, balanced); a non-private diagnostic",
     )
+    tensorboard: bool = Field(
+        False,
+        description="also write the rows' scalars (one step per round) and the config as TensorBoard event files "
+        "in <run directory>/tensorboard; needs the tensorboard package",
+    )
+    mlflow: str | None = Field(
+        None,
+        description="also log the rows' scalars (one step per round), the config (params) and the privacy status "
+        "(tags) to MLflow at this tracking URI: a local file store as 'file:///abs/mlruns' or a folder path "
+        "('./mlruns', relative to the working directory, or '/abs/mlruns'), or any URI MLflow takes "
+        "('sqlite:///mlflow.db', 'http://host:5000'); needs mlflow or mlflow-skinny; '' is off",
+    )
+
+    @field_validator("mlflow")
+    @classmethod
+    def _tracking_uri(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():  # TOML has no null: an empty string turns it off
+            return None
+        from fedsim.report.trackers import check_tracking_uri  # its form only; nothing is imported or opened
+
+        return check_tracking_uri(value)
 
 
 class SweepConfig(_Section):
@@ -281,6 +343,13 @@ class SweepConfig(_Section):
     line: str | None = Field(
         None,
         description="the grid key drawn as one line per value in the privacy-utility plot ('variant' too)",
+    )
+    last: int = Field(
+        5,
+        ge=1,
+        le=10_000,
+        description="held-out accuracy is compared as its mean over each run's last `last` evaluated rounds "
+        "(the final round alone swings at high noise); `--last` overrides",
     )
 
 
