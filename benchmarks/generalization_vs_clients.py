@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from fedsim.privacy.paper.generalization import corollary3_curve, generalization_statement
-    from fedsim.report.plots import _pyplot, _save
+    from fedsim.report.plots import _legend, _pyplot, _save
 
     runs = load(args.sweep_dir)
     if not runs:
@@ -107,13 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"no log-log slope: a mean {args.metric} is <= 0 ({', '.join(f'{m:.4f}' for m in means)})")
 
+    # Signed gaps throughout: each seed's gap, their mean (the statistic the slope is fitted to and the table
+    # prints) and its spread. A seed whose gap is negative stays below zero: the y axis is symmetric-log when
+    # there is one (a log axis would have to hide it or draw its magnitude, which is another statistic).
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for c in cs:
-        g = [r[args.metric] for r in by_c[c]]
-        ax.scatter([c] * len(g), np.abs(g), s=12, alpha=0.35, color="C0")
-    ax.plot(
-        cs, np.abs(means), "o-", color="C0", label=f"measured |{args.metric}| (mean over seeds; non-private)"
+    fig, ax = plt.subplots(figsize=(10, 5.2), layout="constrained")
+    seeds = [np.array([r[args.metric] for r in by_c[c]], dtype=float) for c in cs]
+    for i, (c, g) in enumerate(zip(cs, seeds, strict=True)):
+        ax.scatter(
+            [c] * g.size, g, s=14, alpha=0.45, color="C0", label="one seed's signed gap" if i == 0 else None
+        )
+    sd = np.array([g.std(ddof=1) if g.size > 1 else 0.0 for g in seeds])
+    ax.errorbar(
+        cs,
+        means,
+        yerr=sd,
+        fmt="o-",
+        ms=7,
+        capsize=3,
+        color="C0",
+        label=f"mean signed {args.metric} over seeds, bars: +-1 sd over seeds (non-private)",
     )
     if math.isfinite(fit):
         ax.plot(
@@ -152,15 +165,23 @@ def main(argv: list[str] | None = None) -> int:
             color="C2",
             label=f"Corollary 3: best bound a at C (needs epsilon <= eps_min(C); from C = {int(grid[good][0]):,})",
         )
-    ref = np.abs(means[0]) * np.sqrt(cs[0] / grid)
+    ref = np.abs(means[0]) * np.sqrt(cs[0] / grid)  # through the first mean's magnitude
     ax.plot(grid, ref, ":", color="grey", label="C^-1/2 through the first point")
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    seen = np.concatenate([*seeds, means, ref, a[np.isfinite(a)], best["a"][good]])
+    if (seen <= 0).any():
+        smallest = np.abs(seen[seen != 0]).min(initial=1.0)
+        ax.set_yscale("symlog", linthresh=10 ** math.floor(math.log10(smallest)), linscale=0.5)
+        ax.axhline(0.0, color="grey", lw=0.8)
+        scale = "symmetric log scale: a negative gap is below 0"
+    else:
+        ax.set_yscale("log")
+        scale = "log scale"
     ax.set_xlabel("training clients C (log scale)")
-    ax.set_ylabel("generalization gap (log scale)")
+    ax.set_ylabel(f"signed generalization gap\n({scale})")
     ax.set_title("Generalization gap vs number of clients (DP-FedAvg, Synthetic(1,1))")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
     out = args.out or args.sweep_dir / "gap_vs_clients.png"
     _save(fig, out)
     print(f"plot: {out}")

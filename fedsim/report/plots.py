@@ -5,11 +5,28 @@ from any finished or stopped run):
 
 * ``epsilon.png``: epsilon per round for each certified accountant (dp-accounting's PLD and RDP; the run's own from
   its rows, the other from its ledger), with the paper's IGMM bound as printed and the corrected closed form beside
-  them, on a log scale; rounds where the printed bound is undefined are named in the legend;
-* ``accuracy.png``: train and held-out accuracy per round and, below, their gap (train is a non-private
-  diagnostic: epsilon does not cover it);
+  them, on a log scale; rounds where the printed bound is undefined are named in the legend. A run that is not
+  private (noise multiplier 0) gets a panel that says its epsilon is infinite at every round;
+* ``accuracy.png``: train and held-out accuracy per round and, below, their gap (the training-client accuracy
+  and the gap drawn from it are non-private diagnostics: epsilon does not cover them; the legend and the title
+  say so);
+* ``loss.png``: the same for the loss: held-out loss and the training clients' loss (non-private) per round, and
+  their gap (held-out minus training; non-private);
+* ``accuracy_vs_epsilon.png``: held-out accuracy at each evaluated round against the certified epsilon spent by
+  then (points labelled with their round where the labels do not overlap); rounds whose epsilon is infinite are
+  not drawn, and the plot says how many (all of them, for a run that is not private);
 * ``generalization.png``: per round, the bound ``a`` of the statement ``P(|gap| > a) < b`` implied by the certified
-  epsilon (UAI Theorem 1), beside the measured gap, and ``b``; rounds without a statement are shaded.
+  epsilon (UAI Theorem 1), beside the measured gap, and ``b``; rounds without a statement are shaded;
+* ``attack.png`` (runs with ``report.membership_attack``): the client-level membership-inference attack's accuracy
+  and AUC per round, and its accuracy against the gap in loss, coloured by round (non-private diagnostics);
+* ``agnostic.png`` (agnostic FL runs): per round, the mixture weight lambda of each domain and the noised
+  per-domain mean losses (clipped to [0, 1]) it is computed from, both releases covered by epsilon, and below
+  them the held-out clients' loss per domain at the evaluated rounds (not on the noised losses' axis: those are
+  clipped).
+
+Every round axis has integer ticks, every legend sits outside its axes, and a title names the run in full (a
+sweep's ``setting/seed<k>`` is wrapped at its commas, never cut). Each ``figure_*`` function returns the
+matplotlib figure (for tests and notebooks); ``plot_*`` saves it.
 
 Overlays (several runs): held-out accuracy and certified epsilon per round, one line per run.
 """
@@ -18,14 +35,25 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .rundir import INFINITE, REASON_SUFFIX
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 #: what every row of a run has (``fedsim.loop``): a file without them is not a run's
 ROW_KEYS = ("round", "epsilon", "delta", "accountant")
+#: row keys that may be null: an infinite epsilon is written as null (with ``epsilon_reason``, see
+#: :func:`fedsim.report.rundir.json_safe`) and drawn as a gap in the curve
+NULLABLE = frozenset({"epsilon"})
 #: the types of the row values a report reads (None allowed where a value can be missing)
 ROW_TYPES: dict[str, Any] = {
     "round": int,
@@ -39,6 +67,9 @@ ROW_TYPES: dict[str, Any] = {
     "generalization": dict,
     "non_private": dict,
 }
+
+#: how a plot labels what epsilon does not cover (the rows' ``non_private``)
+NON_PRIVATE_LABEL = "non-private diagnostic: epsilon does not cover it"
 
 #: the other certified accountant is computed from the ledger at most at this many rounds (each is a composition)
 LEDGER_POINTS = 24
@@ -88,7 +119,7 @@ def _row_problems(row: Any) -> list[str]:
             out.append(f"no {key}")
         elif (
             key in row
-            and not (value is None and key not in ROW_KEYS)
+            and not (value is None and (key not in ROW_KEYS or key in NULLABLE))
             and not (isinstance(value, types) and not isinstance(value, bool))
         ):
             out.append(f"{key} is {value!r}")
@@ -131,14 +162,208 @@ def _ledger_curve(ledger: dict[str, Any] | None, delta: float, method: str, roun
     return out
 
 
-def plot_epsilon(run: dict[str, Any], path: Path, from_ledger: bool = True) -> Path:
+#: the width of every per-run plot (inches): the axes and, to their right, the legend
+WIDTH = 9.0
+#: the titles' font size, and the width (inches) a title is wrapped to: it is centred on the axes, which leave the
+#: legend the right of the figure, so a line this wide stays inside the figure
+TITLE_SIZE = 10
+TITLE_WIDTH = 6.0
+#: legend labels are wrapped to this many characters (the legend sits to the right of the axes)
+LEGEND_CHARS = 36
+
+
+# ----------------------------------------------------------------------------------------------- layout helpers
+def not_private_reason(run: dict[str, Any]) -> str | None:
+    """Why a run is not private (``"noise_multiplier = 0"`` or ``"clip = 0"``), or None for a private run: its
+    ``summary.json`` says ``"private": false``, or every row does."""
+    rows = run.get("rows") or []
+    flags = [row["private"] for row in rows if isinstance(row.get("private"), bool)]
+    if (run.get("summary") or {}).get("private") is False or (flags and not any(flags)):
+        clips = [row.get("clip") for row in rows if row.get("clip") is not None]
+        return "clip = 0" if clips and not any(clips) else "noise_multiplier = 0"
+    return None
+
+
+def _wrap_name(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken after a comma or a slash (a sweep's settings and
+    its seed); a part longer than a line is split, never cut: the lines joined are ``text``."""
+    lines, line = [], ""
+    for part in re.split(r"(?<=[,/])", text):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        while len(line) + len(part) > width:
+            cut = width - len(line)
+            lines.append(line + part[:cut])
+            line, part = "", part[cut:]
+        line += part
+    return [*lines, line] if line else lines
+
+
+def _title(what: str, run: dict[str, Any], *, width: float = TITLE_WIDTH, note: str | None = None) -> str:
+    """What the plot shows, then the run's name in full (wrapped to ``width`` inches), then ``note``, then
+    whether the run is not private."""
+    chars = max(30, int(width * 72 / (TITLE_SIZE * 0.6)))  # characters of a line at TITLE_SIZE
+    lines = [*_wrap_name(what, chars), *_wrap_name(f"run: {run.get('name', '')}", chars)]
+    if note:
+        lines += textwrap.wrap(note, chars, break_on_hyphens=False)
+    reason = not_private_reason(run)
+    if reason:
+        lines.append(f"not private ({reason}): epsilon is infinite at every round")
+    return "\n".join(lines)
+
+
+def _wrap(label: str, width: int = LEGEND_CHARS) -> str:
+    return "\n".join(textwrap.wrap(label, width, break_on_hyphens=False, break_long_words=False)) or label
+
+
+def _legend(ax: Axes, **kwargs: Any) -> Any:
+    """The axes' legend, outside them on the right (it covers no data), labels wrapped; None when nothing is
+    labelled."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    options = {
+        "loc": "upper left",
+        "bbox_to_anchor": (1.02, 1.0),
+        "borderaxespad": 0.0,
+        "fontsize": 8,
+        "frameon": True,
+        **kwargs,
+    }
+    return ax.legend(handles, [_wrap(s) for s in labels], **options)
+
+
+def _round_axis(ax: Axes, rounds: np.ndarray, *, label: bool = True) -> None:
+    """Integer ticks, and every round of the run in view (also where a curve has fewer points)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    finite = rounds[np.isfinite(rounds)]
+    if finite.size:
+        ax.set_xlim(finite.min() - 0.5, finite.max() + 0.5)
+    if label:
+        ax.set_xlabel("round")
+
+
+def _message(ax: Axes, text: str, *, width: int = 80) -> None:
+    """A boxed message in the middle of the axes (where there is nothing to draw, and why)."""
+    wrapped = "\n".join(textwrap.fill(p, width, break_on_hyphens=False) for p in text.split("\n"))
+    ax.text(
+        0.5,
+        0.5,
+        wrapped,
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=9,
+        bbox={"facecolor": "white", "alpha": 0.95, "edgecolor": "grey", "boxstyle": "round,pad=0.5"},
+    )
+
+
+def _empty_values(ax: Axes) -> None:
+    """No values on the y axis (a panel that only says why there is nothing to draw)."""
+    ax.set_yticks([])
+
+
+def _log_ticks(axis: Any) -> None:
+    """A log axis labelled 1, 2, 3, 5, 10, 20, ... rather than powers of ten only."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+#: where a point's label may go, tried in turn: offset (points) and alignment, up-right first
+LABEL_PLACES = (
+    ((4, 3), "left", "bottom"),
+    ((4, -3), "left", "top"),
+    ((-4, 3), "right", "bottom"),
+    ((-4, -3), "right", "top"),
+)
+
+
+def label_points(
+    ax: Axes, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], **kwargs: Any
+) -> list[Any]:
+    """Label points with ``texts``, each beside its point (up-right, else down-right, up-left, down-left) where
+    it overlaps no label already placed, no other point and not the axes' edge; a point with no such place stays
+    unlabelled. The first and the last point are labelled first. ``kwargs`` go to ``annotate`` (font size,
+    colour). Call it once the axes are complete: the figure is laid out first, so the labels are placed in the
+    pixels it will be saved in; returns the labels kept."""
+    fig = ax.figure
+    fig.canvas.draw()  # the layout (constrained or tight) and the axes' limits, as they will be saved
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    ok = [i for i in range(len(texts)) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
+    pixels = ax.transData.transform(np.column_stack([np.asarray(xs, float)[ok], np.asarray(ys, float)[ok]]))
+    r = 3.5 * fig.dpi / 72  # a marker's half-width, in pixels
+    order = [*ok[:1], *ok[-1:], *ok[1:-1]] if len(ok) > 1 else ok
+    placed: list[Any] = []
+    kept = []
+    for i in order:
+        others = [p for j, p in zip(ok, pixels, strict=True) if j != i]
+        for offset, ha, va in LABEL_PLACES:
+            note = ax.annotate(
+                texts[i],
+                (xs[i], ys[i]),
+                textcoords="offset points",
+                xytext=offset,
+                ha=ha,
+                va=va,
+                **{"fontsize": 7, "color": "0.25", **kwargs},
+            )
+            note.set_in_layout(False)
+            box = note.get_window_extent(renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            clear = not any(box.overlaps(other) for other in placed) and not any(
+                box.x0 - r <= px <= box.x1 + r and box.y0 - r <= py <= box.y1 + r for px, py in others
+            )
+            if fits and clear:
+                placed.append(box)
+                kept.append(note)
+                break
+            note.remove()
+    return kept
+
+
+# ----------------------------------------------------------------------------------------------------- per run
+def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
     plt = _pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     delta = float(rows[-1]["delta"]) if rows else math.nan
     own = str(rows[-1].get("accountant", "pld")) if rows else "pld"
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    ax.plot(r, _column(rows, "epsilon"), "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting)")
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
+    ax.set_title(_title("Client-level privacy spent per round", run), fontsize=TITLE_SIZE)
+    _round_axis(ax, r)
+    ax.grid(True, which="both", alpha=0.3)
+    reason = not_private_reason(run)
+    if reason:
+        ax.set_ylabel("epsilon")
+        _empty_values(ax)
+        _message(
+            ax,
+            f"not private ({reason}): epsilon is infinite at every round\n"
+            f"(rounds {_span(r)}: the model updates are released without noise, so no accountant and no "
+            "paper bound gives a finite epsilon; nothing to draw)",
+        )
+        return fig
+    eps = _column(rows, "epsilon")
+    infinite = sum(1 for row in rows if row.get("epsilon" + REASON_SUFFIX) == INFINITE)
+    note = (
+        f"; infinite (no finite epsilon at this delta) at {infinite} of {len(rows)} rounds, not drawn"
+        if infinite
+        else ""
+    )
+    drawn = False
+    ok = np.isfinite(eps)
+    if ok.any():
+        ax.plot(r[ok], eps[ok], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note}")
+        drawn = True
+    else:
+        ax.plot([], [], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note or ': no value'}")
     other = "rdp" if own == "pld" else "pld"
     eps_other = (
         _ledger_curve(run.get("ledger"), delta, other, r) if from_ledger else np.full(r.size, math.nan)
@@ -146,6 +371,7 @@ def plot_epsilon(run: dict[str, Any], path: Path, from_ledger: bool = True) -> P
     ok = np.isfinite(eps_other)
     if ok.any():
         ax.plot(r[ok], eps_other[ok], "s--", ms=3, label=f"{other} (certified, from ledger.json)")
+        drawn = True
     for key, label, style in (
         ("paper_epsilon_igmm-corrected", "IGMM corrected (valid closed form)", ":"),
         ("paper_epsilon_igmm", "IGMM Theorem 7 as printed (not a certificate)", "-."),
@@ -156,49 +382,168 @@ def plot_epsilon(run: dict[str, Any], path: Path, from_ledger: bool = True) -> P
         note = f"; undefined at {undefined} of {len(rows)} rounds" if undefined else ""
         if good.any():
             ax.plot(r[good], v[good], style, lw=1.5, label=label + note)
+            drawn = True
         elif rows:
             ax.plot([], [], style, label=label + ": undefined at every round")
-    ax.set_yscale("log")
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"epsilon at delta = {delta:g} (log scale)")
-    ax.set_title(f"{run['name']}: client-level privacy spent per round")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _save(fig, path)
+    if drawn:
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis)
+        ax.set_ylabel(f"epsilon at delta = {delta:g} (log scale)")
+    else:  # a log axis with nothing on it would show made-up ticks
+        ax.set_ylabel(f"epsilon at delta = {delta:g}")
+        _empty_values(ax)
+        _message(ax, f"no finite epsilon at delta = {delta:g} at any round ({_span(r)}): nothing to draw")
+    _legend(ax)
+    return fig
 
 
-def plot_accuracy(run: dict[str, Any], path: Path) -> Path:
+def _span(r: np.ndarray) -> str:
+    finite = r[np.isfinite(r)].astype(int)
+    if not finite.size:
+        return "no rounds"
+    return f"round {finite[0]}" if finite.size == 1 else f"{finite.min()} to {finite.max()}"
+
+
+def _per_round_with_gap(
+    run: dict[str, Any],
+    *,
+    what: str,
+    note: str,
+    held_key: str,
+    train_key: str,
+    gap_key: str,
+    ylabel: str,
+    gap_label: str,
+    gap_ylabel: str,
+    scale: float,
+) -> Figure:
+    """A held-out and a training-client curve per round and, below, their gap (training-client values and the gap
+    are non-private, and say so)."""
     plt = _pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6), sharex=True, height_ratios=[2, 1])
-    held = _column(rows, "heldout_accuracy")
-    train = _column(rows, "train_accuracy", "non_private")
-    gap = _column(rows, "gap_accuracy", "non_private")
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(WIDTH, 6.2), sharex=True, height_ratios=[2, 1], layout="constrained"
+    )
+    held = _column(rows, held_key)
+    train = _column(rows, train_key, "non_private")
+    gap = _column(rows, gap_key, "non_private")
     for values, label, style in (
-        (train, "training clients (non-private diagnostic)", "o-"),
+        (train, f"training clients ({NON_PRIVATE_LABEL})", "o-"),
         (held, "held-out clients (never trained on)", "s-"),
     ):
         good = np.isfinite(values)
         if good.any():
-            top.plot(r[good], 100 * values[good], style, ms=3, label=label)
-    top.set_ylabel("client-level accuracy (%)")
-    top.set_title(f"{run['name']}: accuracy and generalization gap per round")
+            top.plot(r[good], scale * values[good], style, ms=3, label=label)
+    top.set_ylabel(ylabel)
+    top.set_title(_title(what, run, note=note), fontsize=TITLE_SIZE)
     top.grid(True, alpha=0.3)
-    if top.get_legend_handles_labels()[0]:
-        top.legend(fontsize=8)
+    if not top.get_legend_handles_labels()[0]:
+        _message(top, "no evaluated round in these rows: nothing to draw")
+    _legend(top)
     good = np.isfinite(gap)
     bottom.axhline(0.0, color="grey", lw=0.8)
     if good.any():
-        bottom.plot(r[good], 100 * gap[good], "d-", ms=3, color="C3", label="gap = train - held-out")
-        bottom.legend(fontsize=8)
-    bottom.set_xlabel("round")
-    bottom.set_ylabel("gap (accuracy points)")
+        bottom.plot(
+            r[good], scale * gap[good], "d-", ms=3, color="C3", label=f"{gap_label} ({NON_PRIVATE_LABEL})"
+        )
+    _legend(bottom)
+    _round_axis(top, r, label=False)
+    _round_axis(bottom, r)
+    bottom.set_ylabel(gap_ylabel)
     bottom.grid(True, alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
-def plot_generalization(run: dict[str, Any], path: Path) -> Path:
+def figure_accuracy(run: dict[str, Any]) -> Figure:
+    return _per_round_with_gap(
+        run,
+        what="Client-level accuracy per round and the generalization gap",
+        note="(training-client accuracy and the gap: non-private, not covered by epsilon)",
+        held_key="heldout_accuracy",
+        train_key="train_accuracy",
+        gap_key="gap_accuracy",
+        ylabel="client-level accuracy (%)",
+        gap_label="gap = train - held-out",
+        gap_ylabel="gap (accuracy points,\nnon-private)",
+        scale=100.0,
+    )
+
+
+def figure_loss(run: dict[str, Any]) -> Figure:
+    return _per_round_with_gap(
+        run,
+        what="Client-level loss per round and the generalization gap",
+        note="(training-client loss and the gap: non-private, not covered by epsilon)",
+        held_key="heldout_loss",
+        train_key="train_loss",
+        gap_key="gap_loss",
+        ylabel="client-level loss",
+        gap_label="gap = held-out - train",
+        gap_ylabel="gap (loss,\nnon-private)",
+        scale=1.0,
+    )
+
+
+def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
+    plt = _pyplot()
+    rows = run["rows"]
+    r = _column(rows, "round")
+    eps = _column(rows, "epsilon")
+    acc = _column(rows, "heldout_accuracy")
+    delta = float(rows[-1]["delta"]) if rows else math.nan
+    own = str(rows[-1].get("accountant", "pld")) if rows else "pld"
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
+    what = "Held-out accuracy against the privacy spent"
+    ax.set_ylabel("held-out client-level accuracy (%)")
+    ax.set_xlabel(f"certified epsilon at delta = {delta:g} ({own})")
+    ax.grid(True, which="both", alpha=0.3)
+    evaluated = np.isfinite(acc)
+    ok = evaluated & np.isfinite(eps)
+    skipped = int((evaluated & ~np.isfinite(eps)).sum())
+    reason = not_private_reason(run)
+    if reason or not ok.any():
+        last = np.flatnonzero(evaluated)
+        final = (
+            f"held-out accuracy {100 * acc[last[-1]]:.1f}% after round {int(r[last[-1]])}"
+            if last.size
+            else "no evaluated round"
+        )
+        why = (
+            f"not private ({reason}): epsilon is infinite at every round"
+            if reason
+            else f"no evaluated round has a finite epsilon ({skipped} with an infinite one)"
+            if skipped
+            else "no evaluated round"
+        )
+        ax.set_title(_title(what, run), fontsize=TITLE_SIZE)
+        _empty_values(ax)
+        ax.set_xticks([])
+        _message(
+            ax,
+            f"{why},\nso there is no point to draw: accuracy is never drawn at an infinite epsilon\n"
+            f"({final}; per round: accuracy.png)",
+        )
+        return fig
+    ax.set_title(_title(what, run, note="(numbers: the round of each point)"), fontsize=TITLE_SIZE)
+    ax.plot(eps[ok], 100 * acc[ok], "o-", ms=4, color="C1", label="held-out clients (never trained on)")
+    if skipped:
+        ax.plot(
+            [],
+            [],
+            " ",
+            label=f"{skipped} evaluated round(s) with an infinite epsilon: not drawn (no point at infinity)",
+        )
+    finite = eps[ok]
+    if finite.min() > 0 and finite.max() > 10 * finite.min():
+        ax.set_xscale("log")
+        _log_ticks(ax.xaxis)
+    _legend(ax)
+    label_points(ax, list(eps[ok]), list(100 * acc[ok]), [str(int(t)) for t in r[ok]])
+    return fig
+
+
+def figure_generalization(run: dict[str, Any]) -> Figure:
     plt = _pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
@@ -207,7 +552,9 @@ def plot_generalization(run: dict[str, Any], path: Path) -> Path:
     status = [str((row.get("generalization") or {}).get("status", "n/a")) for row in rows]
     gap = np.abs(_column(rows, "gap_loss", "non_private"))
     population = (rows[-1].get("generalization") or {}).get("population") if rows else None
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 6), sharex=True, height_ratios=[2, 1])
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(WIDTH, 6.2), sharex=True, height_ratios=[2, 1], layout="constrained"
+    )
     none = [x for x, s in zip(r, status, strict=True) if s != "ok"]
     for ax in (top, bottom):
         for x in none:
@@ -222,42 +569,216 @@ def plot_generalization(run: dict[str, Any], path: Path) -> Path:
         [], [], "s", color="grey", alpha=0.3, ms=10, label=f"no statement ({len(none)} of {len(rows)} rounds)"
     )
     if not ok.any() and rows:  # said in the empty lower panel, where it hides no data
+        reason = not_private_reason(run)
         last = rows[-1].get("generalization") or {}
-        n_min, eps = (
-            last.get("n_min"),
-            float(rows[-1]["epsilon"] if rows[-1]["epsilon"] is not None else math.nan),
-        )
-        need = (
-            f"needs at least {n_min:,} clients"
-            if isinstance(n_min, int)
-            else "gives no statement for any number of clients"
-        )
-        bottom.text(
-            0.5,
-            0.5,
-            f"no statement at any round:\nat the final epsilon {eps:.3g}, Theorem 1 {need}\n(this run has {population})",
-            transform=bottom.transAxes,
-            ha="center",
-            va="center",
-            fontsize=9,
-            bbox={"facecolor": "white", "alpha": 0.9, "edgecolor": "grey"},
-        )
+        n_min, eps = last.get("n_min"), rows[-1].get("epsilon")
+        if reason:
+            said = (
+                f"not private ({reason}): epsilon is infinite at every round, so Theorem 1 gives no statement"
+            )
+        elif eps is None:
+            said = "no statement at any round:\nthe final epsilon is infinite, so Theorem 1 gives none"
+        else:
+            need = (
+                f"needs at least {n_min:,} clients"
+                if isinstance(n_min, int)
+                else "gives no statement for any number of clients"
+            )
+            said = (
+                f"no statement at any round:\nat the final epsilon {float(eps):.3g}, Theorem 1 {need}\n"
+                f"(this run has {population} training clients)"
+            )
+        _message(bottom, said)
     top.set_ylabel("generalization gap (loss)")
-    top.set_title(f"{run['name']}: generalization implied by privacy ({population} clients)")
+    top.set_title(
+        _title(f"Generalization implied by privacy ({population} training clients)", run), fontsize=TITLE_SIZE
+    )
     top.grid(True, alpha=0.3)
-    top.legend(fontsize=8)
+    _legend(top)
     if np.isfinite(b).any():
         bottom.plot(r[np.isfinite(b)], b[np.isfinite(b)], "d-", ms=3, color="C2", label="probability b")
-        bottom.legend(fontsize=8)
+        _legend(bottom)
+    bottom.set_ylim(0.0, 1.0)
     bottom.set_ylabel("b (probability)")
-    bottom.set_xlabel("round")
+    _round_axis(top, r, label=False)
+    _round_axis(bottom, r)
     bottom.grid(True, alpha=0.3)
-    return _save(fig, path)
+    return fig
+
+
+def has_attack(run: dict[str, Any]) -> bool:
+    return any(_attack(row).get("accuracy") is not None for row in run["rows"])
+
+
+def _attack(row: dict[str, Any]) -> dict[str, Any]:
+    value = (row.get("non_private") or {}).get("attack")
+    return value if isinstance(value, dict) else {}
+
+
+def figure_attack(run: dict[str, Any]) -> Figure:
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    rows = run["rows"]
+    r = _column(rows, "round")
+    column = {
+        key: np.asarray([math.nan if _attack(x).get(key) is None else float(_attack(x)[key]) for x in rows])
+        for key in ("accuracy", "accuracy_train_mean", "auc")
+    }
+    pairs = max((int(_attack(x).get("pairs") or 0) for x in rows), default=0)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(WIDTH, 7.5), layout="constrained")
+    top.set_title(
+        _title(
+            "Client-level membership inference (loss-threshold attack)",
+            run,
+            note=f"(members: training clients, non-members: held-out clients, {pairs} of each; the attack reads "
+            "training clients' losses: a non-private diagnostic, not covered by epsilon)",
+        ),
+        fontsize=TITLE_SIZE,
+    )
+    top.axhline(0.5, color="grey", lw=0.8, ls="--", label="chance (0.5)")
+    for key, label, style in (
+        ("accuracy", "attack accuracy, best threshold (an upper figure)", "o-"),
+        ("accuracy_train_mean", "attack accuracy, threshold = mean training loss (Yeom et al.)", "s-"),
+        ("auc", "attack AUC", "d-"),
+    ):
+        good = np.isfinite(column[key])
+        if good.any():
+            top.plot(r[good], column[key][good], style, ms=3, label=f"{label} ({NON_PRIVATE_LABEL})")
+    top.set_ylabel("attack accuracy / AUC")
+    top.grid(True, alpha=0.3)
+    _round_axis(top, r)
+    _legend(top)
+    gap = _column(rows, "gap_loss", "non_private")
+    acc = column["accuracy"]
+    ok = np.isfinite(gap) & np.isfinite(acc)
+    if ok.any():
+        points = bottom.scatter(gap[ok], acc[ok], c=r[ok], cmap="viridis", s=22, zorder=3)
+        # beside the axes, in the room the legend above leaves (a colorbar laid out by the figure would go
+        # right of that legend)
+        bar = fig.colorbar(points, cax=bottom.inset_axes((1.02, 0.0, 0.025, 1.0)))
+        bar.set_label("round")
+        bar.locator = MaxNLocator(integer=True)
+        bar.update_ticks()
+        what = "attack accuracy against the gap, one point per round"
+        if ok.sum() >= 3:
+            from scipy.stats import spearmanr
+
+            rho = spearmanr(gap[ok], acc[ok]).statistic
+            if math.isfinite(rho):
+                what += f" (Spearman rank correlation {rho:+.2f})"
+        bottom.set_title(what, fontsize=9)
+    else:
+        _message(bottom, "no round with both the attack and the gap in loss: nothing to draw")
+    bottom.axhline(0.5, color="grey", lw=0.8, ls="--")
+    bottom.set_xlabel("generalization gap in loss (held-out - train; non-private)")
+    bottom.set_ylabel("attack accuracy\n(best threshold, non-private)")
+    bottom.grid(True, alpha=0.3)
+    return fig
+
+
+def has_agnostic(run: dict[str, Any]) -> bool:
+    return any(isinstance(row.get("lambda_used"), list) for row in run["rows"])
+
+
+def figure_agnostic(run: dict[str, Any]) -> Figure:
+    plt = _pyplot()
+    rows = run["rows"]
+    r = _column(rows, "round")
+    domains = max((len(row.get("lambda_used") or []) for row in rows), default=0)
+
+    def per_domain(key: str, field: str | None = None) -> np.ndarray:
+        out = np.full((len(rows), domains), math.nan)
+        for i, row in enumerate(rows):
+            for d, v in enumerate((row.get(key) or [])[:domains]):
+                v = v.get(field) if field and isinstance(v, dict) else v
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    out[i, d] = float(v)
+        return out
+
+    sizes: dict[int, int] = {}
+    for row in reversed(rows):  # domain sizes are public (the threat model): training plus held-out clients
+        train = (row.get("non_private") or {}).get("domains_train") or []
+        held = row.get("domains_heldout") or []
+        if train or held:
+            for d in range(domains):
+                n = sum(int((x[d] or {}).get("clients") or 0) for x in (train, held) if len(x) > d)
+                if n:
+                    sizes[d] = n
+            break
+    lam = per_domain("lambda_used")
+    noised = per_domain("domain_loss_noised")
+    held = per_domain("domains_heldout", "loss")
+    panels = 3 if np.isfinite(held).any() else 2
+    fig, axes = plt.subplots(
+        panels, 1, figsize=(WIDTH, 2.6 * panels + 1.2), sharex=True, layout="constrained"
+    )
+    top, middle = axes[0], axes[1]
+    top.set_title(
+        _title(
+            "Agnostic FL: the domain mixture lambda and the per-domain losses per round",
+            run,
+            note="(lambda is computed from the noised domain losses: both are releases covered by epsilon)",
+        ),
+        fontsize=TITLE_SIZE,
+    )
+    for d in range(domains):
+        color, size = f"C{d}", (f" ({sizes[d]:,} clients)" if d in sizes else "")
+        good = np.isfinite(lam[:, d])
+        top.plot(r[good], lam[good, d], "o-", ms=3, color=color, lw=1.8, label=f"domain {d}{size}")
+        good = np.isfinite(noised[:, d])
+        middle.plot(r[good], noised[good, d], "o-", ms=3, color=color, lw=1.2, label=f"domain {d}")
+        if panels == 3:
+            good = np.isfinite(held[:, d])
+            axes[2].plot(r[good], held[good, d], "s--", ms=5, color=color, label=f"domain {d}")
+    top.set_ylabel("mixture weight lambda\n(used in the round)")
+    top.set_ylim(0.0, 1.0)
+    middle.set_ylabel("noised mean client loss\n(each clipped to [0, 1])")
+    _legend(top, title="domain (all clients)", title_fontsize=8)
+    _legend(middle, title="released each round,\ncovered by epsilon", title_fontsize=8)
+    if panels == 3:
+        axes[2].set_ylabel("held-out clients' loss")
+        _legend(axes[2], title="evaluated rounds\n(held-out clients)", title_fontsize=8)
+    for i, ax in enumerate(axes):
+        ax.grid(True, alpha=0.3)
+        _round_axis(ax, r, label=i == panels - 1)
+    return fig
+
+
+def plot_epsilon(run: dict[str, Any], path: Path, from_ledger: bool = True) -> Path:
+    return _save(figure_epsilon(run, from_ledger), path)
+
+
+def plot_accuracy(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_accuracy(run), path)
+
+
+def plot_loss(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_loss(run), path)
+
+
+def plot_accuracy_vs_epsilon(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_accuracy_vs_epsilon(run), path)
+
+
+def plot_generalization(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_generalization(run), path)
+
+
+def plot_attack(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_attack(run), path)
+
+
+def plot_agnostic(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_agnostic(run), path)
 
 
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if (
+        fig.get_layout_engine() is None
+    ):  # the per-run figures use constrained layout (legends outside the axes)
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
     return path
@@ -271,15 +792,23 @@ def run_plots(run_dir: str | Path, *, from_ledger: bool = True) -> list[Path]:
     out = run["path"] / "plots"
     if not run["rows"]:
         return []
-    return [
+    written = [
         plot_epsilon(run, out / "epsilon.png", from_ledger),
         plot_accuracy(run, out / "accuracy.png"),
+        plot_loss(run, out / "loss.png"),
+        plot_accuracy_vs_epsilon(run, out / "accuracy_vs_epsilon.png"),
         plot_generalization(run, out / "generalization.png"),
     ]
+    if has_attack(run):
+        written.append(plot_attack(run, out / "attack.png"))
+    if has_agnostic(run):
+        written.append(plot_agnostic(run, out / "agnostic.png"))
+    return written
 
 
 def overlay(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
-    """Held-out accuracy and certified epsilon per round of several runs, one line per run."""
+    """Held-out accuracy and certified epsilon per round of several runs, one line per run (a run that is not
+    private has no epsilon curve, and its legend entry says so)."""
     plt = _pyplot()
     runs = [read_run(d) for d in run_dirs]
     names = _labels([run["path"] for run in runs])
@@ -288,19 +817,34 @@ def overlay(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
         ("heldout_accuracy", "held-out client-level accuracy (%)", "overlay_accuracy.png", 100.0),
         ("epsilon", "certified epsilon (log scale)", "overlay_epsilon.png", 1.0),
     ):
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        for run, name in zip(runs, names, strict=True):
+        fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
+        drawn = False
+        for i, (run, name) in enumerate(zip(runs, names, strict=True)):
             v = scale * _column(run["rows"], key)
             good = np.isfinite(v)
+            reason = not_private_reason(run)
             if good.any():
-                ax.plot(_column(run["rows"], "round")[good], v[good], "o-", ms=2, label=name)
-        if key == "epsilon":
+                ax.plot(
+                    _column(run["rows"], "round")[good], v[good], "o-", ms=2, color=f"C{i % 10}", label=name
+                )
+                drawn = True
+            elif key == "epsilon":
+                why = f"not private ({reason})" if reason else "no finite value"
+                ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{name}: {why}, epsilon infinite, not drawn")
+        _round_axis(ax, np.concatenate([_column(run["rows"], "round") for run in runs] or [np.array([])]))
+        if key == "epsilon" and drawn:
             ax.set_yscale("log")
-        ax.set_xlabel("round")
+            _log_ticks(ax.yaxis)
+        elif not drawn:
+            _empty_values(ax)
+            _message(ax, f"no run has a finite {ylabel.split(' (')[0]}: nothing to draw")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{len(runs)} runs: {ylabel.split(' (')[0]} per round")
+        ax.set_title(
+            "\n".join(_wrap_name(f"{len(runs)} runs: {ylabel.split(' (')[0]} per round", 100)),
+            fontsize=TITLE_SIZE,
+        )
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         written.append(_save(fig, Path(out_dir) / fname))
     return written
 

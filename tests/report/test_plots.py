@@ -1,0 +1,280 @@
+"""``plots/*.png`` of a run directory (``fedsim.report.plots``): every plot is drawn from small real runs (private
+with the membership attack, not private, agnostic FL), round axes have integer ticks, legends sit outside the data,
+titles name a sweep's run in full and fit, point labels do not overlap, non-private quantities say so, and a run
+that is not private gets a panel saying its epsilon is infinite instead of an empty log-scale plot."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from fedsim.cli import main
+from fedsim.report import plots
+from fedsim.report.rundir import RunWriter
+
+TINY = ["--set", "rounds=3", "--set", "engine.name=local", "--set", "engine.eval_every=1"]
+SWEEP_NAME = "noise_multiplier=0.5,sampling=poisson,clients_per_round=40,server.optimizer=adam,client.lr=0.05"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny real run (private, with the membership attack; its own plots are not drawn: the tests draw them),
+    and from its files: the same run as a sweep's ``<setting>/seed<k>``, as a run that is not private (rows and
+    summary as ``fedsim.loop`` writes them at noise_multiplier 0) and as an agnostic FL run (its per-round
+    lambda, noised domain losses and held-out domain losses)."""
+    base = tmp_path_factory.mktemp("plots")
+    private = base / "private"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunWriter, "write_plots", lambda self: [])
+        argv = ["quickstart", "--set", "data.num_clients=40", "--set", "report.membership_attack=true", *TINY]
+        assert main(["run", *argv, "--no-progress", "--out", str(private)]) == 0
+    rows = [json.loads(line) for line in (private / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((private / "summary.json").read_text())
+    out = {"private": private}
+    for name, change, path in (
+        ("sweep", lambda row: row, base / "sweep" / SWEEP_NAME / "seed0"),
+        ("not_private", _not_private, base / "not_private"),
+        ("agnostic", _agnostic, base / "agnostic"),
+    ):
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text(
+            "".join(json.dumps(change(copy.deepcopy(r))) + "\n" for r in rows)
+        )
+        (path / "summary.json").write_text(
+            json.dumps(summary | ({"private": False} if name == "not_private" else {}))
+        )
+        if name != "not_private":
+            shutil.copy(private / "ledger.json", path / "ledger.json")
+        out[name] = path
+    return out
+
+
+def _not_private(row):
+    row |= {"private": False, "noise_std_sum": 0.0, "epsilon": None, "epsilon_reason": "infinite"}
+    row |= {"paper_epsilon_igmm": None, "paper_epsilon_igmm-corrected": None}
+    row["generalization"] = {
+        "status": "no-statement",
+        "a": None,
+        "b": None,
+        "eps_used": None,
+        "epsilon": None,
+    }
+    row["non_private"].pop("attack", None)
+    return row
+
+
+def _agnostic(row):
+    t = row["round"]
+    row |= {
+        "lambda_used": [0.7 - 0.01 * t, 0.2, 0.1 + 0.01 * t],
+        "domain_loss_noised": [0.8, 0.9 - 0.05 * t, 1.05],
+        "domains_heldout": [
+            {"loss": 1.7 - 0.1 * t + d / 10, "accuracy": 0.5, "clients": c} for d, c in enumerate((7, 2, 1))
+        ],
+    }
+    row["non_private"]["domains_train"] = [{"loss": 1.6, "accuracy": 0.5, "clients": c} for c in (28, 8, 4)]
+    return row
+
+
+def _run(runs, name):
+    return plots.read_run(runs[name])
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _texts(fig):
+    out = []
+    for ax in fig.axes:
+        out.append(ax.get_title())
+        legend = ax.get_legend()
+        out.extend(t.get_text().replace("\n", " ") for t in (legend.get_texts() if legend else []))
+        out.extend(t.get_text().replace("\n", " ") for t in ax.texts)
+    return out
+
+
+FIGURES = {
+    "epsilon": lambda run: plots.figure_epsilon(run, from_ledger=False),
+    "accuracy": plots.figure_accuracy,
+    "loss": plots.figure_loss,
+    "accuracy_vs_epsilon": plots.figure_accuracy_vs_epsilon,
+    "generalization": plots.figure_generalization,
+    "attack": plots.figure_attack,
+}
+
+
+def test_every_plot_is_written_and_the_optional_ones_only_where_they_apply(runs):
+    expected = ["epsilon", "accuracy", "loss", "accuracy_vs_epsilon", "generalization"]
+    for name, extra in (("private", ["attack"]), ("agnostic", ["attack", "agnostic"])):
+        written = plots.run_plots(runs[name], from_ledger=name == "private")
+        assert [p.name for p in written] == [f"{x}.png" for x in expected + extra], name
+        for p in written:
+            assert p.parent == runs[name] / "plots" and p.stat().st_size > 10_000, p
+
+
+@pytest.mark.parametrize("kind", sorted(FIGURES))
+def test_round_axes_have_integer_ticks_and_legends_cover_no_data(runs, kind):
+    fig = FIGURES[kind](_run(runs, "private"))
+    renderer = _drawn(fig)
+    page = fig.bbox
+    rounds = [ax for ax in fig.axes if ax.get_xlabel() == "round"]
+    assert rounds or kind == "accuracy_vs_epsilon", kind  # its x axis is epsilon
+    for ax in rounds:
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks and all(float(t).is_integer() for t in ticks), (kind, ticks)
+        assert lo < 1 and hi > 3  # every round of the run is in view
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        assert not box.overlaps(ax.get_window_extent(renderer)), (kind, "legend over the axes")
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 + 1 and page.y0 <= box.y0 and box.y1 <= page.y1 + 1, (
+            kind
+        )
+    plots._pyplot().close(fig)
+
+
+def test_the_attack_plot_colours_rounds_with_integer_ticks_and_says_it_is_non_private(runs):
+    fig = plots.figure_attack(_run(runs, "private"))
+    _drawn(fig)
+    bar = fig.axes[1].child_axes[0]  # the colorbar, beside the scatter of rounds
+    assert bar.get_ylabel() == "round"
+    lo, hi = bar.get_ylim()
+    assert all(float(t).is_integer() for t in bar.get_yticks() if lo <= t <= hi)
+    texts = _texts(fig)
+    assert any(t.startswith("attack accuracy, best threshold") and "non-private" in t for t in texts), texts
+    assert any("attack AUC" in t and "non-private" in t for t in texts), texts
+    assert fig.axes[1].get_xlabel().startswith("generalization gap in loss")
+    plots._pyplot().close(fig)
+
+
+@pytest.mark.parametrize("kind", ["accuracy", "loss"])
+def test_accuracy_and_loss_curves_label_the_training_clients_and_the_gap_non_private(runs, kind):
+    fig = FIGURES[kind](_run(runs, "private"))
+    texts = _texts(fig)
+    train = [t for t in texts if t.startswith("training clients")]
+    gap = [t for t in texts if t.startswith("gap = ")]
+    assert train and "non-private" in train[0], texts
+    assert gap and "non-private" in gap[0], texts
+    assert "held-out clients (never trained on)" in texts
+    assert "non-private" in fig.axes[0].get_title()
+    top = fig.axes[0]
+    assert len(top.get_lines()) == 2 and all(len(line.get_xdata()) == 3 for line in top.get_lines())
+    if kind == "loss":  # rows hold heldout_loss at the top level and non_private.train_loss
+        rows = _run(runs, "private")["rows"]
+        held = next(line for line in top.get_lines() if "held-out" in line.get_label())
+        assert np.allclose(held.get_ydata(), [r["heldout_loss"] for r in rows])
+    plots._pyplot().close(fig)
+
+
+def test_a_sweep_runs_title_names_its_setting_in_full_and_fits(runs):
+    run = _run(runs, "sweep")
+    assert run["name"] == f"{SWEEP_NAME}/seed0"
+    for kind, make in FIGURES.items():
+        fig = make(run)
+        renderer = _drawn(fig)
+        title = fig.axes[0].title
+        assert f"run: {SWEEP_NAME}/seed0" in title.get_text().replace("\n", ""), kind  # wrapped, never cut
+        box, page = title.get_window_extent(renderer), fig.bbox
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, (kind, box, page)
+        plots._pyplot().close(fig)
+
+
+def test_a_long_name_wraps_at_its_commas_and_keeps_every_character():
+    name = "a=1,bb=2,ccc=3," * 8 + "x" * 150 + "/seed0"
+    lines = plots._wrap_name(name, 40)
+    assert "".join(lines) == name and all(len(line) <= 40 for line in lines)
+    assert lines[0].endswith(",")
+
+
+def test_a_non_private_run_says_its_epsilon_is_infinite_instead_of_an_empty_log_plot(runs):
+    run = _run(runs, "not_private")
+    assert run["summary"]["private"] is False and plots.not_private_reason(run) == "noise_multiplier = 0"
+    assert plots.plot_epsilon(run, runs["not_private"] / "plots" / "epsilon.png").stat().st_size > 10_000
+    fig = plots.figure_epsilon(run)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "linear" and list(ax.get_yticks()) == []
+    assert not any(len(line.get_xdata()) for line in ax.get_lines())
+    said = " ".join(t.get_text().replace("\n", " ") for t in ax.texts)
+    assert "not private (noise_multiplier = 0): epsilon is infinite at every round" in said
+    assert all(float(t).is_integer() for t in ax.get_xticks() if 0.5 <= t <= 3.5)
+    plots._pyplot().close(fig)
+
+    fig = plots.figure_accuracy_vs_epsilon(run)  # no point at infinity, and it says so
+    ax = fig.axes[0]
+    assert not any(len(line.get_xdata()) for line in ax.get_lines()) and not ax.collections
+    said = " ".join(t.get_text().replace("\n", " ") for t in ax.texts)
+    assert "epsilon is infinite at every round" in said and "never drawn at an infinite epsilon" in said
+    plots._pyplot().close(fig)
+
+    fig = plots.figure_accuracy(run)  # the non-private labels stay, and the title says the run is not private
+    texts = _texts(fig)
+    assert any(t.startswith("training clients") and "non-private" in t for t in texts)
+    assert "not private (noise_multiplier = 0)" in fig.axes[0].get_title()
+    plots._pyplot().close(fig)
+    fig = plots.figure_generalization(run)
+    assert any("Theorem 1 gives no statement" in t for t in _texts(fig))
+    plots._pyplot().close(fig)
+
+
+def test_a_partly_infinite_epsilon_draws_the_finite_points_and_counts_the_others():
+    rows = [
+        {"round": t, "epsilon": None if t > 3 else float(t), "epsilon_reason": "infinite" if t > 3 else None}
+        | {"delta": 1e-5, "accountant": "pld", "heldout_accuracy": 0.1 * t, "private": True}
+        for t in range(1, 6)
+    ]
+    fig = plots.figure_accuracy_vs_epsilon({"name": "run", "rows": rows})
+    ax = fig.axes[0]
+    assert list(ax.get_lines()[0].get_xdata()) == [1.0, 2.0, 3.0]
+    assert any("2 evaluated round(s) with an infinite epsilon: not drawn" in t for t in _texts(fig))
+    plots._pyplot().close(fig)
+
+
+def test_point_labels_never_overlap():
+    # 60 rounds whose epsilon and accuracy barely move: most labels would collide, so only some are drawn
+    rows = [
+        {"round": t, "epsilon": 2 + 0.01 * t, "delta": 1e-5, "accountant": "pld", "heldout_accuracy": 0.5}
+        | {"private": True}
+        for t in range(1, 61)
+    ]
+    fig = plots.figure_accuracy_vs_epsilon({"name": "run", "rows": rows})
+    renderer = _drawn(fig)
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert 2 <= len(boxes) < 60 and {"1", "60"} <= {t.get_text() for t in ax.texts}
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    plots._pyplot().close(fig)
+
+
+def test_the_agnostic_plot_draws_lambda_and_the_noised_losses_per_domain(runs):
+    run = _run(runs, "agnostic")
+    assert plots.has_agnostic(run) and not plots.has_agnostic(_run(runs, "private"))
+    fig = plots.figure_agnostic(run)
+    _drawn(fig)
+    lam, noised, held = fig.axes[:3]
+    assert lam.get_lines()[0].get_label() == "domain 0 (35 clients)"
+    assert len(lam.get_lines()) == 3 and all(len(line.get_xdata()) == 3 for line in lam.get_lines())
+    assert (
+        "clipped to [0, 1]" in noised.get_ylabel()
+        and "covered by epsilon" in noised.get_legend().get_title().get_text()
+    )
+    assert held.get_xlabel() == "round"
+    for ax in (lam, noised, held):
+        lo, hi = ax.get_xlim()
+        assert all(float(t).is_integer() for t in ax.get_xticks() if lo <= t <= hi)
+    plots._pyplot().close(fig)
+
+
+def test_overlays_say_which_run_has_no_epsilon_curve(runs, tmp_path):
+    written = plots.overlay([runs["private"], runs["not_private"]], tmp_path)
+    assert [p.name for p in written] == ["overlay_accuracy.png", "overlay_epsilon.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
