@@ -264,7 +264,11 @@ class EngineConfig(_Section):
     num_workers: int = Field(2, ge=1)
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
-    ray_address: str | None = Field(None, description="connect to an existing Ray cluster (e.g. 'auto')")
+    ray_address: str | None = Field(
+        None,
+        description="connect to an existing Ray cluster: 'auto' or its GCS address 'host:6379', from a node of "
+        "the cluster (Ray Client 'ray://' addresses are refused: they cannot stream partial sums)",
+    )
     vectorize: Vectorize | bool = Field(
         "auto",
         description="how a worker trains its clients: 'auto' (per-layer rules, else torch.func.vmap, else the "
@@ -289,6 +293,17 @@ class EngineConfig(_Section):
         description="stop the run (exit code 4, nothing of that round released) when more than this fraction of "
         "a round's sampled clients failed; 1: never stop",
     )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _no_ray_client(cls, value: str | None) -> str | None:
+        if value is not None and value.strip().lower().startswith("ray://"):
+            raise ValueError(
+                f"{value!r} is a Ray Client address, which cannot run the workers' streaming methods (each worker "
+                "streams a partial sum per unit of work, so a lost worker loses only what it had not sent); run "
+                "fedsim on a node of the cluster with ray_address = 'auto' or the GCS address 'host:6379'"
+            )
+        return value
 
     @model_validator(mode="after")
     def _timeout_needs_another_process(self) -> EngineConfig:

@@ -159,7 +159,8 @@ class RayEngine:
     ``num_workers`` actors of ``num_cpus`` CPUs and ``num_gpus`` (fractional allowed) GPUs each. The cohort is
     balanced across actors (largest clients first); each returns one partial sum, so only partial sums and
     per-client metrics cross process boundaries. ``address`` connects to an existing Ray cluster
-    (``"auto"`` or ``"ray://host:port"``); otherwise a local Ray instance is started with just the
+    (``"auto"`` or the GCS address ``"host:6379"``; Ray Client ``"ray://"`` addresses cannot stream and are refused by
+    the scenario schema); otherwise a local Ray instance is started with just the
     resources the pool needs. ``round_timeout_s``: a round's training deadline (:meth:`train`).
     """
 

@@ -108,3 +108,9 @@ def test_the_schema_error_for_a_scenario_file_also_suggests(tmp_path):
     path.write_text('name = "s"\n[privacy]\nclipp = 1.0\n')
     with pytest.raises(ScenarioError, match=r"did you mean privacy.clip\?"):
         load_scenario(str(path))
+
+
+def test_a_ray_client_address_is_refused_with_what_to_use_instead():
+    with pytest.raises(ScenarioError, match=r"Ray Client address.*ray_address = 'auto' or the GCS address"):
+        load_scenario("quickstart", ["engine.ray_address=ray://head:10001"])
+    assert load_scenario("quickstart", ["engine.ray_address=auto"]).engine.ray_address == "auto"
