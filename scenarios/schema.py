@@ -23,7 +23,7 @@ from fedsim.privacy.accountants import CERTIFIED
 from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLINGS
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
-from fedsim.validation import cohort, noise_and_clip
+from fedsim.validation import baseline_combinations, cohort, noise_and_clip
 
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
@@ -231,17 +231,13 @@ class PrivacyConfig(_Section):
         # the library's rule (fedsim.validation.cohort), so a scenario and the API refuse the same values
         cohort(self.sampling, self.sampling_rate, self.clients_per_round)
         noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
-        if self.noise_multiplier == 0:
-            if self.max_epsilon is not None:
-                raise ValueError(
-                    "max_epsilon: no budget holds with noise_multiplier = 0 (not private); drop it"
-                )
-            if self.noise_placement == "distributed":
-                raise ValueError(
-                    "noise_placement = 'distributed' with noise_multiplier = 0 adds no noise: use central"
-                )
-        if self.clip == 0 and self.adaptive_clip:
-            raise ValueError("adaptive_clip needs a clip > 0 to adapt (clip = 0 means no clipping)")
+        baseline_combinations(
+            self.clip,
+            self.noise_multiplier,
+            max_epsilon=self.max_epsilon,
+            noise_placement=self.noise_placement,
+            adaptive=self.adaptive_clip,
+        )
         return self
 
 

@@ -47,7 +47,15 @@ from fedsim.round import (
     noise_share_std,
     private_mean,
 )
-from fedsim.validation import PrivacyInputError, cohort, noise_and_clip, one_of, open_unit, positive_finite
+from fedsim.validation import (
+    PrivacyInputError,
+    baseline_combinations,
+    cohort,
+    noise_and_clip,
+    one_of,
+    open_unit,
+    positive_finite,
+)
 
 from .server_opt import ServerOptimizer
 
@@ -206,18 +214,13 @@ class DPFedAvg(Strategy):
         one_of("noise_placement", noise_placement, NOISE_PLACEMENTS)
         # noise_multiplier = 0: the non-private baseline (clipped, un-noised); clip = 0: plain FedAvg (needs z = 0)
         clip, noise_multiplier = noise_and_clip(clip, noise_multiplier)
-        if noise_multiplier == 0 and max_epsilon is not None:
-            raise PrivacyInputError(
-                "max_epsilon", max_epsilon, "no budget holds with noise_multiplier = 0 (not private): drop it"
-            )
-        if noise_multiplier == 0 and noise_placement == "distributed":
-            raise PrivacyInputError(
-                "noise_placement",
-                noise_placement,
-                "distributed noise with noise_multiplier = 0 adds none: use central",
-            )
-        if clip == 0 and adaptive_clipping is not None:
-            raise PrivacyInputError("clip", clip, "0 means no clipping, which adaptive clipping cannot adapt")
+        baseline_combinations(
+            clip,
+            noise_multiplier,
+            max_epsilon=max_epsilon,
+            noise_placement=noise_placement,
+            adaptive=adaptive_clipping is not None,
+        )
         sampling_rate, clients_per_round = cohort(sampling, sampling_rate, clients_per_round)
         delta = open_unit("delta", delta)
         one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
