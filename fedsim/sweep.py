@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.report.rows import PUBLIC_STOPS, summary_stop, summary_timings
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, parse_override, scenario_to_toml
 
 #: how many evaluated rounds a run's held-out accuracy is averaged over, unless ``--last``/``sweep.last`` say
@@ -270,29 +271,12 @@ def _summary(run_dir: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-def _stop(summary: dict[str, Any]) -> dict[str, Any]:
-    """``stopped_by``, ``stopped_reason``, ``rounds_completed`` of a summary: at its top level, or under
-    ``non_private`` where a stop is an exact fact about clients (too many of a round's clients failed)."""
-    diag = summary.get("non_private")
-    diag = diag if isinstance(diag, dict) else {}
-    return {
-        k: summary[k] if k in summary else diag.get(k)
-        for k in ("stopped_by", "stopped_reason", "rounds_completed")
-    }
-
-
-def _timings(summary: dict[str, Any]) -> dict[str, Any]:
-    diag = summary.get("non_private")
-    t = diag.get("timings") if isinstance(diag, dict) and "timings" in diag else summary.get("timings")
-    return t if isinstance(t, dict) else {}
-
-
 def _ended(summary: dict[str, Any] | None) -> bool:
     """The run came to its end: every planned round, or a stop (budget or failures). A run that raised also
     writes ``summary.json``, with fewer rounds and no stop: it did not end."""
     if not summary:
         return False
-    stop = _stop(summary)
+    stop = summary_stop(summary)
     done = stop["rounds_completed"]
     return bool(stop["stopped_by"]) or (isinstance(done, int) and done == summary.get("rounds_planned"))
 
@@ -303,7 +287,7 @@ def _finished(run_dir: Path) -> bool:
 
 def stopped_by_failures(summary: dict[str, Any] | None) -> bool:
     """A stop that is not a finish: anything but the privacy budget (``failures``: too many clients failed)."""
-    return bool(summary) and _stop(summary)["stopped_by"] not in (None, "budget")
+    return bool(summary) and summary_stop(summary)["stopped_by"] not in (None, *PUBLIC_STOPS)
 
 
 def examine(run_dir: Path, planned: dict[str, Any]) -> tuple[str, str]:
@@ -426,7 +410,8 @@ def result_of(run_dir: Path, status: str) -> dict[str, Any]:
     """The comparison row of a finished run, from its files."""
     summary = json.loads((run_dir / "summary.json").read_text())
     final, diag = summary.get("final") or {}, summary.get("final_non_private") or {}
-    stop, rounds = _stop(summary)["stopped_by"], _stop(summary)["rounds_completed"]
+    stopped = summary_stop(summary)
+    stop, rounds = stopped["stopped_by"], stopped["rounds_completed"]
     if stopped_by_failures(summary):  # an exact fact about clients, as fedsim run's failures line
         at = f" at round {rounds + 1}" if isinstance(rounds, int) else ""
         status = f"failed: stopped by {stop}{at}, not released (non-private; {status})"
@@ -443,7 +428,7 @@ def result_of(run_dir: Path, status: str) -> dict[str, Any]:
         "epsilon": epsilon,
         "private": private if isinstance(private, bool) else None,
         "rounds": rounds,
-        "non_private_wall_s": _timings(summary).get("total_s"),
+        "non_private_wall_s": summary_timings(summary).get("total_s"),
         "status": status,
         "run_dir": str(run_dir),
         "delta": summary.get("delta"),
