@@ -30,6 +30,7 @@ from fedsim.report.checkpoint import Checkpoint, write_checkpoint
 from fedsim.report.rows import (
     NON_PRIVATE,
     evaluation_columns,
+    ledger_private,
     merge_columns,
     paper_bounds,
     privacy_columns,
@@ -260,7 +261,7 @@ def _nominal_private(strategy: Any, population: int, final: bool = False) -> boo
     ``summary.json`` says. ``None`` when the strategy cannot say."""
     try:
         if final:
-            return all(r.mechanism.private for r in strategy.ledger.releases)
+            return ledger_private(strategy)
         return bool(strategy.mechanism(population).private)
     except Exception:
         return None

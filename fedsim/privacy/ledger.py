@@ -92,6 +92,12 @@ class Ledger:
         return tuple(self._releases)
 
     @property
+    def private(self) -> bool:
+        """Whether every release so far was noised (False once a non-private baseline release is recorded: its
+        epsilon is infinite)."""
+        return all(r.mechanism.private for r in self._releases)
+
+    @property
     def rounds(self) -> int:
         """Number of distinct rounds recorded."""
         return len({r.round for r in self._releases})

@@ -210,7 +210,7 @@ def summary(
         "rounds_planned": scenario.rounds,
         "non_private_failed_clients": _failed_totals(rows),  # by reason; epsilon does not cover it
         # false for the non-private baseline (noise_multiplier = 0, or clip = 0: no noise, epsilon infinite)
-        "private": _private(strategy) if rows else None,
+        "private": ledger_private(strategy) if rows else None,
         "final": {
             k: last.get(k)
             for k in (
@@ -239,10 +239,11 @@ def summary(
     }
 
 
-def _private(strategy: Any) -> bool | None:
-    """Whether every release in the strategy's ledger was noised (False for the non-private baseline)."""
+def ledger_private(strategy: Any) -> bool | None:
+    """Whether every release in the strategy's ledger was noised (False for the non-private baseline); ``None``
+    for a strategy without a ledger."""
     ledger = getattr(strategy, "ledger", None)
-    return None if ledger is None else all(r.mechanism.private for r in ledger.releases)
+    return None if ledger is None else ledger.private
 
 
 def summary_stop(summary: dict[str, Any]) -> dict[str, Any]:
