@@ -80,6 +80,14 @@ def initial_weights(settings: TrainSettings, input_shape: Any, num_classes: int)
     return nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy()
 
 
+def client_tensors(x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A client's arrays as training sees them: float32 inputs and int64 labels on ``device``."""
+    return (
+        torch.as_tensor(x, dtype=torch.float32, device=device),
+        torch.as_tensor(y, dtype=torch.long, device=device),
+    )
+
+
 def check_fits(settings: TrainSettings, data: Any) -> None:
     """The model runs on the data before anything else does: a forward pass and the loss on a few real examples
     of a training client, and the explicitly requested training path's check (``engine.vectorize`` ``per-layer``
@@ -92,14 +100,12 @@ def check_fits(settings: TrainSettings, data: Any) -> None:
         f"{list(data.input_shape)}, {data.num_classes} classes)"
     )
     for cid in np.asarray(data.train_clients)[:20]:
-        x, y = data.client_data(int(cid))
+        x, y = client_tensors(*data.client_data(int(cid)), torch.device("cpu"))
         if len(y):
             model.eval()
             try:
                 with torch.no_grad():
-                    per_example(
-                        loss, model(torch.as_tensor(x[:4], dtype=torch.float32)), torch.as_tensor(y[:4])
-                    )
+                    per_example(loss, model(x[:4]), y[:4])
             except Exception as exc:
                 raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from None
             break
@@ -148,11 +154,7 @@ class ClientTrainer:
     def _tensors(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cache is not None and cid in self._cache:
             return self._cache[cid]
-        x, y = self.data.client_data(int(cid))
-        t = (
-            torch.as_tensor(x, dtype=torch.float32, device=self.device),
-            torch.as_tensor(y, dtype=torch.long, device=self.device),
-        )
+        t = client_tensors(*self.data.client_data(int(cid)), self.device)
         if self._cache is not None:
             self._cache[cid] = t
         return t

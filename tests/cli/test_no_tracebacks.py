@@ -114,3 +114,16 @@ def test_a_ray_client_address_is_refused_with_what_to_use_instead():
     with pytest.raises(ScenarioError, match=r"Ray Client address.*ray_address = 'auto' or the GCS address"):
         load_scenario("quickstart", ["engine.ray_address=ray://head:10001"])
     assert load_scenario("quickstart", ["engine.ray_address=auto"]).engine.ray_address == "auto"
+
+
+def test_the_fit_check_reads_labels_as_training_does():
+    """int32 labels (what a data function may return) train, so the check before the run must not refuse them."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fedsim.training.trainer import TrainSettings, check_fits
+
+    x, y = np.zeros((4, 5), np.float32), np.array([0, 1, 0, 1], np.int32)
+    data = SimpleNamespace(input_shape=(5,), num_classes=2, train_clients=[0], client_data=lambda c: (x, y))
+    check_fits(TrainSettings(model="fedsim.models.registry:mlp", model_kwargs={}), data)
