@@ -169,9 +169,8 @@ def main(grid: Grid, context: Context) -> None:
         if cfg.get("ledger-path", ""):
             strategy.ledger.save(str(cfg["ledger-path"]))
     if result.stopped_reason:
-        if (
-            result.stopped_by in PUBLIC_STOPS
-        ):  # the budget: a function of public parameters and the accountant
+        # the budget is a function of public parameters and the accountant; anything else is not
+        if result.stopped_by in PUBLIC_STOPS:
             log(INFO, "%s", result.stopped_reason)
         else:  # stopped by client failures: that it stopped, and where, is an exact fact about clients
             log(WARNING, "[non-private: not covered by epsilon] %s", result.stopped_reason)

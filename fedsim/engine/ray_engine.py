@@ -368,11 +368,8 @@ class RayEngine:
                     del running[i]
                     log.warning("%s client %d alone did not finish within round_timeout_s", what, c)
                     failed.append((i, c, "timeout"))
-            for (
-                i,
-                c,
-                reason,
-            ) in failed:  # replaced after every verdict of this pass: a restart delays no verdict
+            # replaced after every verdict of this pass: a restart delays no verdict
+            for i, c, reason in failed:
                 results[c] = reason
                 self._replace(i, f"{reason} ({what} client {c} alone)")
         return results
