@@ -14,10 +14,7 @@ import numpy as np
 
 from fedsim.privacy import Mechanism, compose_same_cohort, epsilon_curve
 from fedsim.privacy.paper import audit_closed_forms, generalization_statement, min_population
-from fedsim.report.rundir import INFINITE, REASON_SUFFIX
-
-#: Where a row keeps what epsilon does NOT cover (the strategies' metrics use the same key).
-NON_PRIVATE = "non_private"
+from fedsim.report.rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
 
 
 def round_mechanisms(strategy: Any, population: int) -> dict[str, Mechanism]:

@@ -79,7 +79,8 @@ DATA_NOTE = (
     "exact statistics of the clients' data (the partition: examples per client, label entropy, totals); "
     "epsilon does not cover them"
 )
-NON_PRIVATE = "non_private"  # the same key as in rows (fedsim.report.rows.NON_PRIVATE)
+#: where a row, summary.json and data.json keep what epsilon does NOT cover (the strategies' metrics use the same key)
+NON_PRIVATE = "non_private"
 
 
 def json_safe(value: Any) -> Any:
@@ -172,6 +173,8 @@ def load_flat_weights(module: Any, weights: Any) -> Any:
     Returns ``module``."""
     import torch
 
+    from fedsim.training.trainer import copy_flat  # the trainers' own order
+
     params = list(module.parameters())
     flat = torch.as_tensor(np.asarray(weights))
     size = sum(p.numel() for p in params)
@@ -179,12 +182,7 @@ def load_flat_weights(module: Any, weights: Any) -> Any:
         raise ValueError(
             f"the weights hold {flat.numel()} values (shape {tuple(flat.shape)}), the model {size} parameters"
         )
-    with torch.no_grad():
-        i = 0
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[i : i + n].view_as(p))
-            i += n
+    copy_flat(params, flat)
     return module
 
 

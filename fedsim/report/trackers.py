@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from fedsim.report.rundir import NON_PRIVATE
+
 log = logging.getLogger(__name__)
 
-NON_PRIVATE = "non_private"  # the rows' key (fedsim.report.rows.NON_PRIVATE)
 #: the folder of the run directory that holds the TensorBoard event files
 TENSORBOARD_DIR = "tensorboard"
 #: what the TensorBoard ``privacy`` text and the MLflow tag ``fedsim.non_private`` say about the prefixed scalars

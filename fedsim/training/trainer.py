@@ -80,6 +80,18 @@ def initial_weights(settings: TrainSettings, input_shape: Any, num_classes: int)
     return nn.utils.parameters_to_vector(model.parameters()).detach().double().numpy()
 
 
+def copy_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the flat vector ``flat`` into ``params`` in place, in their order: the one order in which fedsim flattens
+    and loads a model (``parameters_to_vector`` of ``module.parameters()``). In place: ``vector_to_parameters`` would
+    make the parameters *views* of ``flat``, and training would then write into the global model."""
+    with torch.no_grad():
+        i = 0
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[i : i + n].view_as(p))
+            i += n
+
+
 def client_tensors(x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A client's arrays as training sees them: float32 inputs and int64 labels on ``device``."""
     return (
@@ -160,14 +172,7 @@ class ClientTrainer:
         return t
 
     def _load(self, weights: torch.Tensor) -> None:
-        # copy in place: vector_to_parameters would make the parameters *views* of ``weights``, and
-        # training would then write into the global model
-        with torch.no_grad():
-            i = 0
-            for p in self.params:
-                n = p.numel()
-                p.copy_(weights[i : i + n].view_as(p))
-                i += n
+        copy_flat(self.params, weights)
 
     def _flat(self) -> torch.Tensor:
         return nn.utils.parameters_to_vector(self.params).detach()
