@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.report.rows import PUBLIC_STOPS, summary_stop, summary_timings
+from fedsim.report.rundir import flatten_tables
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, parse_override, scenario_to_toml
 
 #: how many evaluated rounds a run's held-out accuracy is averaged over, unless ``--last``/``sweep.last`` say
@@ -229,17 +230,6 @@ def planned_config(scenario: str, overrides: list[str]) -> dict[str, Any]:
     return tomllib.loads(scenario_to_toml(load_scenario(scenario, overrides)))
 
 
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{dotted}."))
-        else:
-            out[dotted] = value
-    return out
-
-
 def _ignored(key: str) -> bool:
     return any(key == k or key.startswith(f"{k}.") for k in IGNORED_KEYS)
 
@@ -247,7 +237,7 @@ def _ignored(key: str) -> bool:
 def config_differences(existing: dict[str, Any], planned: dict[str, Any]) -> list[str]:
     """``["privacy.noise_multiplier: 1.0 in the run, 0.5 planned", ...]``: every dotted key (but
     :data:`IGNORED_KEYS`) whose value differs, or that only one of the two has; empty when they are the same."""
-    run, plan = _flat(existing), _flat(planned)
+    run, plan = flatten_tables(existing), flatten_tables(planned)
 
     def same(a: Any, b: Any) -> bool:  # 1 and 1.0, or true and 1, are different values here
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)

@@ -83,6 +83,23 @@ DATA_NOTE = (
 NON_PRIVATE = "non_private"
 
 
+def flatten_tables(data: dict[str, Any], sep: str = ".") -> dict[str, Any]:
+    """The leaves of nested tables (a config, a row) keyed by their path joined with ``sep``
+    (``{"privacy": {"clip": 1.0}}`` -> ``{"privacy.clip": 1.0}``); an empty table has no leaf."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value
+
+    for key, value in data.items():
+        walk(str(key), value)
+    return out
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as strict JSON: numpy scalars and arrays as Python numbers and lists; NaN as null; +-inf as null
     with ``"<key>_reason": "infinite"`` (``"-infinite"``) beside it in its object. An element of a list has no

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from fedsim.report.rundir import NON_PRIVATE
+from fedsim.report.rundir import NON_PRIVATE, flatten_tables
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +50,13 @@ _MLFLOW_KEY = re.compile(r"[^\w.\- /:]")
 def row_scalars(row: dict[str, Any], sep: str) -> dict[str, float]:
     """The numbers of a row, keyed by their path joined with ``sep`` (``non_private<sep>cohort``): nested tables
     flattened, booleans, strings, lists, ``None`` and NaN left out; infinities kept (the caller decides)."""
+    leaves = flatten_tables({k: v for k, v in row.items() if k not in _NOT_SCALARS}, sep)
     out: dict[str, float] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
-            return
+    for key, value in leaves.items():
         if isinstance(value, bool) or type(value).__name__ == "bool_":  # a flag, not a measurement
-            return
-        if isinstance(value, numbers.Real):
-            v = float(value)
-            if not math.isnan(v):
-                out[prefix] = v
-
-    for key, value in row.items():
-        if key not in _NOT_SCALARS:
-            walk(str(key), value)
+            continue
+        if isinstance(value, numbers.Real) and not math.isnan(v := float(value)):
+            out[key] = v
     return out
 
 
@@ -75,21 +65,11 @@ def config_params(config: dict[str, Any], sep: str = ".") -> dict[str, Any]:
     they are, lists (and tables inside lists) as their JSON text; empty tables and ``None`` left out."""
     import json
 
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
-        elif value is None:
-            return
-        elif isinstance(value, bool | int | float | str):
-            out[prefix] = value
-        else:
-            out[prefix] = json.dumps(value, default=str)
-
-    walk("", config)
-    return out
+    return {
+        key: value if isinstance(value, bool | int | float | str) else json.dumps(value, default=str)
+        for key, value in flatten_tables(config, sep).items()
+        if value is not None
+    }
 
 
 def privacy_status(scenario: Any, private: bool | None) -> dict[str, str]:
