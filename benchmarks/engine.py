@@ -452,7 +452,7 @@ def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
     on the per-client loop (the same clients, the same SGD; only the path differs)."""
     from fedsim.data import build_federated_data
     from fedsim.models import MODEL_FACTORIES
-    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 
     cases = [
         ("cnn2d", build_federated_data("digits", num_clients=max(cohort, 100), partitioner="iid", seed=0)),
@@ -492,14 +492,14 @@ def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
                 )
                 trainer = ClientTrainer(data, s, device="cpu")
                 weights = initial_weights(s, data.input_shape, data.num_classes)
-                trainer.train(1, cids, weights, clip=w["clip"])  # warm-up (first-call costs)
+                trainer.train(ClientPlan(1, cids, w["clip"]), weights)  # warm-up (first-call costs)
                 trainers[path] = (trainer, weights)
             # the paths take turns, round by round, so that a machine that slows down slows them all
             times: dict[str, list[float]] = {p: [] for p in trainers}
             for r in range(reps):
                 for path, (trainer, weights) in trainers.items():
                     t = time.perf_counter()
-                    _, metrics = trainer.train(2 + r, cids, weights, clip=w["clip"])
+                    _, metrics = trainer.train(ClientPlan(2 + r, cids, w["clip"]), weights)
                     times[path].append(time.perf_counter() - t)
                     assert {m["trainer"] for m in metrics} == {path}
             rates = {p: len(cids) / float(np.median(t)) for p, t in times.items()}

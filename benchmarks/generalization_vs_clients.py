@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from fedsim.privacy.paper.generalization import corollary3_curve, generalization_statement
-    from fedsim.report.plots import _legend, _pyplot, _save
+    from fedsim.report.plots import _legend, _save, pyplot
 
     runs = load(args.sweep_dir)
     if not runs:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     # Signed gaps throughout: each seed's gap, their mean (the statistic the slope is fitted to and the table
     # prints) and its spread. A seed whose gap is negative stays below zero: the y axis is symmetric-log when
     # there is one (a log axis would have to hide it or draw its magnitude, which is another statistic).
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 5.2), layout="constrained")
     seeds = [np.array([r[args.metric] for r in by_c[c]], dtype=float) for c in cs]
     for i, (c, g) in enumerate(zip(cs, seeds, strict=True)):

@@ -23,6 +23,7 @@ from typing import Any
 
 from fedsim.env import set_offline_defaults
 from fedsim.report.privacy import add_parser as add_privacy
+from fedsim.report.rundir import NON_PRIVATE
 
 EXIT_USAGE = 2
 EXIT_BUDGET = (
@@ -89,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             scenario = load_scenario(args.scenario, args.set)
         except ScenarioError as exc:
             return _fail(str(exc))
-    from fedsim.engine.ray_engine import EngineError
+    from fedsim.engine.base import EngineError
     from fedsim.engine.runner import AlreadyFinished, resume_run, run_scenario
     from fedsim.report.rows import format_row
 
@@ -164,7 +165,7 @@ def _print_summary(console: Any, result: Any) -> None:
         f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts}; timings are non-private: they grow "
         "with the realised cohort)"
     )
-    diag = last.get("non_private", {})
+    diag = last.get(NON_PRIVATE, {})
     if last.get("heldout_accuracy") is not None:
         console.print(
             f"final: held-out acc {last['heldout_accuracy']:.3f}; train acc {diag['train_accuracy']:.3f}, "
@@ -361,10 +362,10 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
     stop = ""
     if stopped["stopped_reason"]:  # a stop by client failures is an exact fact about clients: labelled
         label = " (non-private: exact facts about clients, not covered by epsilon)"
-        label = label if stopped["non_private"] else ""
+        label = label if stopped[NON_PRIVATE] else ""
         stop = f"; stopped{label}: {escape(str(stopped['stopped_reason']))}"
     console.print(f"rounds: {len(rows)} of {planned}{stop}")
-    diag = last.get("non_private") or {}
+    diag = last.get(NON_PRIVATE) or {}
     if last.get("heldout_accuracy") is not None:
         gap = diag.get("gap_accuracy")
         train = diag.get("train_accuracy")

@@ -119,6 +119,7 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
         max_epsilon=p.max_epsilon,
         seed=scenario.seed if p.randomness == "seeded" else None,  # None: OS entropy
         population=population,
+        noise=p.mechanism or "independent",
         **extra,
     )
 

@@ -45,7 +45,8 @@ from fedsim.training.vectorized import check_vectorize
 
 class Engine(Protocol):
     """Where a round's cohort trains. Implemented by the in-process and Ray engines (:mod:`fedsim.engine`) and by
-    :class:`fedsim.flower.grid_engine.GridEngine` (Flower's Simulation Engine, or a real SuperLink)."""
+    :class:`fedsim.flower.grid_engine.GridEngine` (Flower's Simulation Engine, or a real SuperLink); chosen by
+    ``engine.name`` through :mod:`fedsim.registry`, where a new engine is registered."""
 
     name: str
 
@@ -100,159 +101,294 @@ def run_rounds(
     final model goes to ``model.npz``.
     ``resume``: continue from a checkpoint (its strategy state is loaded, rounds start after its round);
     ``prior_rows``: the rows written up to it, which the summary counts.
+
+    An error raised in a round (by the engine, the strategy, a row's consumer) leaves every earlier round's row
+    written and the run directory finished (:meth:`RoundLoop.finish`) before it propagates.
     """
     t0 = time.perf_counter()
-    scenario, strategy, data = exp.scenario, exp.strategy, exp.data
-    train_ids, heldout_ids = exp.train_ids, exp.heldout_ids
-    population = int(train_ids.size)
-    delta, rounds = scenario.privacy.delta, scenario.rounds
-    bounds = paper_bounds(strategy, population, rounds, delta)
-    weights = exp.initial_weights
-    rows: list[dict[str, Any]] = list(prior_rows or [])
-    first = 1
-    if resume is not None:
-        strategy.load_state_dict(resume.strategy)
-        weights, first = np.asarray(resume.weights, dtype=np.float64), resume.round + 1
-    # only a seeded run can be continued (fedsim.engine.runner.resume_run): a checkpoint of one that draws from the
-    # operating system (every deployment) could never be used
-    resumable = writer is not None and writer.config_toml is not None and strategy.randomness == "seeded"
-    every = int(scenario.engine.checkpoint_every) if resumable else 0
-    timings = dict(timings or {})
-    stopped: str | None = None
-    stopped_by: str | None = None
-    stopped_detail: str | None = None
-    train_path = training_path(engine, exp)
-    # TensorBoard / MLflow ([report]; only with a run directory): off by default, and then nothing is imported.
-    # One that cannot start is a ValueError here, before the first round; one that fails later only warns
-    trackers = start_trackers(
-        scenario,
-        writer.path if writer else None,
-        config_toml=writer.config_toml if writer else None,
-        first_round=first,
-        prior_rows=rows,
-        private=_nominal_private(strategy, population),
+    loop = RoundLoop(
+        exp,
+        engine,
+        writer=writer,
+        on_row=on_row,
+        diagnostics=diagnostics,
+        server_eval=server_eval,
+        available=available,
+        timings=timings,
+        resume=resume,
+        prior_rows=prior_rows,
     )
-    accountant = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
-    pending: tuple[dict[str, Any], Future] | None = None
+    t_rounds = time.perf_counter()
+    try:
+        loop.run()
+    finally:
+        result = loop.finish(failed=sys.exc_info()[0] is not None, t0=t0, t_rounds=t_rounds)
+    return result
 
-    def settle() -> None:
-        nonlocal pending
-        if pending is None:
+
+class BackgroundEpsilon:
+    """The certified epsilon of the last released round, computed in a background thread (one at a time).
+
+    :meth:`submit` starts ``strategy.epsilon()`` for a round's row; :meth:`settle` waits for it, stores it in the
+    row and in ``strategy.history``, and hands the row on to ``complete``. At most one row is pending: it must be
+    settled before the next round's release enters the ledger. :meth:`close` settles what is pending (its error
+    swallowed: the run is failing already) and shuts the thread down.
+    """
+
+    def __init__(self, strategy: Any, complete: Callable[[dict[str, Any]], None]) -> None:
+        self.strategy = strategy
+        self.complete = complete
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedsim-accountant")
+        self._pending: tuple[dict[str, Any], Future] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def submit(self, row: dict[str, Any]) -> None:
+        """Compute the epsilon after the strategy's last release for ``row`` (which holds its ``round_index``)."""
+        self._pending = (row, self._pool.submit(self.strategy.epsilon))
+
+    def settle(self) -> None:
+        """Wait for the pending row's epsilon (if any) and complete the row."""
+        if self._pending is None:
             return
-        row, future = pending
-        pending = None
-        row["epsilon"] = strategy.history[row.pop("round_index")]["epsilon"] = float(future.result())
-        fallback = getattr(strategy.ledger, "pld_fallback", None)
+        row, future = self._pending
+        self._pending = None
+        row["epsilon"] = self.strategy.history[row.pop("round_index")]["epsilon"] = float(future.result())
+        self.complete(row)
+
+    def close(self) -> None:
+        if self._pending is not None:  # an error in round t+1 must not cost round t its row
+            try:
+                self.settle()
+            except Exception:
+                pass
+        self._pool.shutdown(wait=True)
+
+
+class RoundLoop:
+    """One run of :func:`run_rounds`, in parts: :meth:`run` (each round: :meth:`step`, which trains and releases,
+    :meth:`evaluate`, :meth:`checkpoint`), the rows completed in the background (:class:`BackgroundEpsilon`,
+    :meth:`write_row`), and :meth:`finish` (the run directory and the trackers, whatever happened).
+
+    Built with the arguments of :func:`run_rounds`; the trackers start here (one that cannot start raises before
+    anything else is started)."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        engine: Engine,
+        *,
+        writer: RunWriter | None = None,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        diagnostics: bool = True,
+        server_eval: bool = True,
+        available: Callable[[int], Any] | None = None,
+        timings: dict[str, float] | None = None,
+        resume: Checkpoint | None = None,
+        prior_rows: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.exp, self.engine, self.writer, self.on_row = exp, engine, writer, on_row
+        self.diagnostics, self.server_eval, self.available = diagnostics, server_eval, available
+        scenario, strategy = self.scenario, self.strategy = exp.scenario, exp.strategy
+        self.population = int(exp.train_ids.size)
+        self.delta, self.rounds = scenario.privacy.delta, scenario.rounds
+        self.bounds = paper_bounds(strategy, self.population, self.rounds, self.delta)
+        self.weights = exp.initial_weights
+        self.rows: list[dict[str, Any]] = list(prior_rows or [])
+        self.first = 1
+        if resume is not None:
+            strategy.load_state_dict(resume.strategy)
+            self.weights, self.first = np.asarray(resume.weights, dtype=np.float64), resume.round + 1
+        # only a seeded run can be continued (fedsim.engine.runner.resume_run): a checkpoint of one that draws from
+        # the operating system (every deployment) could never be used
+        resumable = writer is not None and writer.config_toml is not None and strategy.randomness == "seeded"
+        self.every = int(scenario.engine.checkpoint_every) if resumable else 0
+        self.timings = dict(timings or {})
+        self.stopped: str | None = None
+        self.stopped_by: str | None = None
+        self.stopped_detail: str | None = None
+        self.train_path = training_path(engine, exp)
+        # TensorBoard / MLflow ([report]; only with a run directory): off by default, and then nothing is imported.
+        # One that cannot start is a ValueError here, before the first round; one that fails later only warns
+        self.trackers = start_trackers(
+            scenario,
+            writer.path if writer else None,
+            config_toml=writer.config_toml if writer else None,
+            first_round=self.first,
+            prior_rows=self.rows,
+            private=_nominal_private(strategy, self.population),
+        )
+        self.accounting = BackgroundEpsilon(strategy, self.write_row)
+
+    def run(self) -> None:
+        """Every round from the first to ``rounds``, or until one stops the run; then the last row."""
+        for t in range(self.first, self.rounds + 1):
+            if not self.step(t):
+                break
+        self.accounting.settle()
+
+    def step(self, t: int) -> bool:
+        """Round ``t``: sample, train, release, evaluate, checkpoint. False when the run stops before releasing it
+        (the budget, or too many failed clients)."""
+        if self.scenario.privacy.max_epsilon is not None:
+            self.accounting.settle()
+        try:
+            plan = self.strategy.begin_round(
+                t, self.exp.train_ids if self.available is None else self.available(t)
+            )
+        except BudgetExhausted as exc:
+            self.stopped, self.stopped_by = str(exc), "budget"
+            return False
+        t_round = time.perf_counter()
+        partial, client_metrics = self.engine.train(plan, self.weights)
+        self.accounting.settle()  # round t-1's epsilon, computed while this round trained
+        if self.refuse(t, plan, partial, client_metrics):
+            return False
+        row = self.release(plan, partial, client_metrics, t_round)
+        self.accounting.submit(row)
+        if t % self.scenario.engine.eval_every == 0 or t == self.rounds:
+            self.evaluate(t, row)
+        row[NON_PRIVATE]["round_time_s"] = time.perf_counter() - t_round
+        self.checkpoint(t)
+        return True
+
+    def refuse(
+        self, t: int, plan: RoundPlan, partial: PartialSum, client_metrics: list[dict[str, Any]]
+    ) -> bool:
+        """Whether round ``t`` must not be released (:func:`too_many_failures`); if so, the run's stop is set.
+        Nothing of such a round is released, so nothing is accounted."""
+        max_fraction = self.scenario.engine.max_failed_fraction
+        too_many = too_many_failures(t, partial, int(plan.cohort.size), max_fraction)
+        if too_many is None:
+            return False
+        # the counts and the client's error are exact facts about clients: non-private, never at the top
+        self.stopped, self.stopped_by = (
+            f"stopping at round {t}: more than engine.max_failed_fraction="
+            f"{max_fraction:g} of its sampled clients failed; the round was not "
+            "released, earlier rounds are written",
+            "failures",
+        )
+        self.stopped_detail = _with_first_error(too_many, client_metrics) if self.diagnostics else None
+        return True
+
+    def release(
+        self, plan: RoundPlan, partial: PartialSum, client_metrics: list[dict[str, Any]], t_round: float
+    ) -> dict[str, Any]:
+        """The strategy finishes the round (noise, average, step; the release enters the ledger); its row, without
+        the epsilon (:class:`BackgroundEpsilon`) or the evaluation yet."""
+        self.weights, m = self.strategy.finish_round(plan, self.weights, partial, account=False)
+        row: dict[str, Any] = {
+            **m,
+            "delta": self.delta,
+            "accountant": self.scenario.privacy.accountant,
+            "randomness": self.strategy.randomness,
+            "round_index": len(self.strategy.history) - 1,
+        }
+        # timings grow with the realised cohort: diagnostics, like the exact counts
+        diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
+        trained = [c for c in client_metrics if "train_loss" in c and "failed" not in c]
+        used = sorted({str(c["trainer"]) for c in client_metrics if "trainer" in c})
+        if trained:
+            diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in trained]))
+        if used:  # what this round's clients ran on: a chunk that raised was retried on the loop (exact)
+            diag["local_training_used"] = ",".join(used)
+        if self.train_path is not None:  # the configured path, the same in every row whatever the cohort did
+            row["local_training"] = self.train_path
+        return row
+
+    def evaluate(self, t: int, row: dict[str, Any]) -> None:
+        """Evaluate the new global model into ``row``: the held-out clients (``server_eval``) and, with diagnostics,
+        the training clients and the membership attack."""
+        engine, exp = self.engine, self.exp
+        heldout_ids = exp.heldout_ids
+        held = engine.evaluate(heldout_ids, self.weights) if self.server_eval and heldout_ids.size else None
+        if self.diagnostics:
+            trained_rows = engine.evaluate(exp.train_ids, self.weights)
+            merge_columns(row, evaluation_columns(exp.data, trained_rows, held))
+            if self.scenario.report.membership_attack and held is not None:
+                row[NON_PRIVATE]["attack"] = attack_columns(trained_rows, held, self.scenario.seed, t)
+        elif held is not None:  # held-out clients only: data the server owns, never trained on
+            merge_columns(row, evaluation_columns(exp.data, None, held))
+
+    def checkpoint(self, t: int) -> None:
+        """After every ``checkpoint_every``-th round but the last: the checkpoint, once round ``t``'s row is written."""
+        if self.every and t % self.every == 0 and t < self.rounds:
+            self.accounting.settle()  # row t is written before the checkpoint that says it is
+            write_checkpoint(
+                self.writer.path, t, self.weights, self.strategy.state_dict(), self.writer.config_toml
+            )
+
+    def write_row(self, row: dict[str, Any]) -> None:
+        """Complete a row whose epsilon is known (privacy columns; the diagnostics dropped unless asked for) and
+        hand it on: the rows, ``metrics.jsonl``, the trackers, ``on_row``."""
+        fallback = getattr(self.strategy.ledger, "pld_fallback", None)
         if (
             row["accountant"] == "pld" and fallback
         ):  # PLD would not fit in memory: a valid, looser RDP epsilon
             row["accountant_used"] = "rdp"
             row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
-        row.update(privacy_columns(row["round"], row["epsilon"], bounds, delta, population))
-        if not diagnostics:
+        row.update(privacy_columns(row["round"], row["epsilon"], self.bounds, self.delta, self.population))
+        if not self.diagnostics:
             row.pop(NON_PRIVATE, None)
-        rows.append(row)
-        if writer:
-            writer.append_row(row)
-        if trackers:
-            trackers.log_row(row)
-        if on_row:
-            on_row(row)
+        self.rows.append(row)
+        if self.writer:
+            self.writer.append_row(row)
+        if self.trackers:
+            self.trackers.log_row(row)
+        if self.on_row:
+            self.on_row(row)
 
-    t_rounds = time.perf_counter()
-    try:
-        for t in range(first, rounds + 1):
-            if scenario.privacy.max_epsilon is not None:
-                settle()
-            try:
-                plan = strategy.begin_round(t, train_ids if available is None else available(t))
-            except BudgetExhausted as exc:
-                stopped, stopped_by = str(exc), "budget"
-                break
-            t_round = time.perf_counter()
-            partial, client_metrics = engine.train(plan, weights)
-            settle()  # round t-1's epsilon, computed while this round trained
-            too_many = too_many_failures(
-                t, partial, int(plan.cohort.size), scenario.engine.max_failed_fraction
-            )
-            if too_many is not None:  # nothing of this round is released, so nothing is accounted
-                # the counts and the client's error are exact facts about clients: non-private, never at the top
-                stopped, stopped_by = (
-                    f"stopping at round {t}: more than engine.max_failed_fraction="
-                    f"{scenario.engine.max_failed_fraction:g} of its sampled clients failed; the round was not "
-                    "released, earlier rounds are written",
-                    "failures",
-                )
-                stopped_detail = _with_first_error(too_many, client_metrics) if diagnostics else None
-                break
-            weights, m = strategy.finish_round(plan, weights, partial, account=False)
-            row: dict[str, Any] = {
-                **m,
-                "delta": delta,
-                "accountant": scenario.privacy.accountant,
-                "randomness": strategy.randomness,
-                "round_index": len(strategy.history) - 1,
-            }
-            # timings grow with the realised cohort: diagnostics, like the exact counts
-            diag = row[NON_PRIVATE] = {**m[NON_PRIVATE], "train_time_s": time.perf_counter() - t_round}
-            trained = [c for c in client_metrics if "train_loss" in c and "failed" not in c]
-            used = sorted({str(c["trainer"]) for c in client_metrics if "trainer" in c})
-            if trained:
-                diag["client_train_loss"] = float(np.mean([c["train_loss"] for c in trained]))
-            if used:  # what this round's clients ran on: a chunk that raised was retried on the loop (exact)
-                diag["local_training_used"] = ",".join(used)
-            if train_path is not None:  # the configured path, the same in every row whatever the cohort did
-                row["local_training"] = train_path
-            pending = (row, accountant.submit(strategy.epsilon))
-            if t % scenario.engine.eval_every == 0 or t == rounds:
-                held = engine.evaluate(heldout_ids, weights) if server_eval and heldout_ids.size else None
-                if diagnostics:
-                    trained_rows = engine.evaluate(train_ids, weights)
-                    merge_columns(row, evaluation_columns(data, trained_rows, held))
-                    if scenario.report.membership_attack and held is not None:
-                        diag["attack"] = attack_columns(trained_rows, held, scenario.seed, t)
-                elif held is not None:  # held-out clients only: data the server owns, never trained on
-                    merge_columns(row, evaluation_columns(data, None, held))
-            diag["round_time_s"] = time.perf_counter() - t_round
-            if every and t % every == 0 and t < rounds:
-                settle()  # row t is written before the checkpoint that says it is
-                write_checkpoint(writer.path, t, weights, strategy.state_dict(), writer.config_toml)
-        settle()
-    finally:
-        failed = sys.exc_info()[0] is not None
-        if pending is not None:  # an error in round t+1 must not cost round t its row
-            try:
-                settle()
-            except Exception:
-                pass
-        accountant.shutdown(wait=True)
+    def finish(self, *, failed: bool, t0: float, t_rounds: float) -> RunResult:
+        """Whatever happened (``failed``: an error is propagating): the pending row written, the accountant thread
+        shut down, the timings, the trackers closed, then the run directory (:meth:`write_run_dir`)."""
+        self.accounting.close()
+        timings = self.timings
         timings["rounds_s"] = time.perf_counter() - t_rounds
         timings["total_s"] = (
             timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (time.perf_counter() - t0)
         )
         result = RunResult(
-            writer.path if writer else None,
-            rows,
-            weights,
-            strategy,
-            stopped,
+            self.writer.path if self.writer else None,
+            self.rows,
+            self.weights,
+            self.strategy,
+            self.stopped,
             timings,
-            stopped_by,
-            stopped_detail,
+            self.stopped_by,
+            self.stopped_detail,
         )
-        if trackers:  # never raises
-            private = _nominal_private(strategy, population, final=bool(rows))
-            trackers.close(failed=failed, private=private, stopped_by=stopped_by, diagnostics=diagnostics)
-        if writer:
-            writer.close()
-            writer.write_weights("model.npz", weights)
-            writer.write_json("ledger.json", strategy.ledger.to_dict())
-            writer.write_json(
-                "summary.json",
-                summary(scenario, rows, strategy, stopped, timings, population, stopped_by, diagnostics),
+        if self.trackers:  # never raises
+            private = _nominal_private(self.strategy, self.population, final=bool(self.rows))
+            self.trackers.close(
+                failed=failed, private=private, stopped_by=self.stopped_by, diagnostics=self.diagnostics
             )
-            writer.write_plots()
-    return result
+        self.write_run_dir()
+        return result
+
+    def write_run_dir(self) -> None:
+        """Close ``metrics.jsonl``; write ``model.npz``, ``ledger.json``, ``summary.json`` and the plots."""
+        writer, strategy = self.writer, self.strategy
+        if not writer:
+            return
+        writer.close()
+        writer.write_weights("model.npz", self.weights)
+        writer.write_json("ledger.json", strategy.ledger.to_dict())
+        writer.write_json(
+            "summary.json",
+            summary(
+                self.scenario,
+                self.rows,
+                strategy,
+                self.stopped,
+                self.timings,
+                self.population,
+                self.stopped_by,
+                self.diagnostics,
+            ),
+        )
+        writer.write_plots()
 
 
 def _nominal_private(strategy: Any, population: int, final: bool = False) -> bool | None:

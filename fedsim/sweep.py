@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.privacy import Mechanism
 from fedsim.report.rows import PUBLIC_STOPS, summary_stop, summary_timings
 from fedsim.report.rundir import flatten_tables
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, parse_override, scenario_to_toml
@@ -506,24 +507,9 @@ def run_sweep(
         return runs
     import ray
 
-    from fedsim.engine.ray_engine import _driver_pythonpath
+    from fedsim.engine.ray_engine import init_ray
 
-    owns = not ray.is_initialized()
-    if owns:
-        import logging
-        import warnings
-
-        # as in RayEngine: Ray 2.55's notice of a future GPU-hiding default, on every init
-        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-
-        with _driver_pythonpath():
-            ray.init(
-                num_cpus=parallel,
-                num_gpus=0,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level=logging.ERROR,
-            )
+    owns = init_ray(num_cpus=parallel, num_gpus=0)  # as the Ray engine starts it; False: Ray ran already
     try:
         task = remote_execute()
         pending = {
@@ -605,15 +591,14 @@ def _run_facts(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
         privacy.get("clients_per_round"),
         privacy.get("sampling_rate"),
     )
-    cohort = (
-        population
-        if sampling == "all"
-        else per_round
-        if isinstance(per_round, int)
-        else rate * population
-        if isinstance(rate, float) and isinstance(population, int)
-        else None
-    )
+    cohort = per_round if isinstance(per_round, int) else None
+    if isinstance(population, int) and population > 0:
+        try:  # the scheme's own expected cohort (fedsim.round.sampling)
+            cohort = Mechanism(
+                population=population, sampling=sampling, sampling_rate=rate, clients_per_round=per_round
+            ).expected_cohort
+        except ValueError:  # refused by the schema anyway; the note then shows what was given
+            pass
     return {
         "sampling": sampling,
         "population": population,
@@ -914,9 +899,10 @@ def _sampling_notes(settings: list[SettingSummary]) -> list[str]:
     notes = [
         f"sampling {name}: population {num(pop)}, expected cohort {num(cohort)}" for name, pop, cohort in seen
     ]
-    if any(k[0] == "all" for k in seen):
+    everyone = [repr(name) for name, pop, cohort in seen if isinstance(pop, int) and cohort == pop]
+    if everyone:
         notes.append(
-            "'all' trains every client each round: its population and cohort differ from the other "
+            f"{', '.join(everyone)} trains every client each round: its population and cohort differ from the other "
             "samplings' (no amplification by sampling)"
         )
     return notes
@@ -1016,14 +1002,14 @@ def privacy_utility_figure(
     (``noise_multiplier = 0``, not private) is a horizontal dashed line, its interval a band. Where the settings
     sample differently, the legend gives each sampling's population and cohort. Call :func:`add_statistics`
     first."""
-    from fedsim.report.plots import _pyplot
+    from fedsim.report.plots import pyplot
 
     settings = [s for s in summarise_settings(runs) if s.n and s.mean is not None]
     private = [s for s in settings if s.private is not False and _finite(s.eps_max)]
     baseline = [s for s in settings if s.private is False]
     if not private and not baseline:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
 
     fig, ax = plt.subplots(figsize=(7.2, 4.6))
@@ -1183,11 +1169,11 @@ def plot_privacy_utility(
     fig = privacy_utility_figure(runs, line=line, title=title, last=last)
     if fig is None:
         return None
-    from fedsim.report.plots import _pyplot
+    from fedsim.report.plots import pyplot
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 

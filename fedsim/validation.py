@@ -104,15 +104,12 @@ def open_unit(name: str, value: Any) -> float:
     return v
 
 
-def cohort(
-    sampling: str, sampling_rate: Any = None, clients_per_round: Any = None, population: int | None = None
+def cohort_values(
+    sampling_rate: Any = None, clients_per_round: Any = None, population: int | None = None
 ) -> tuple[float | None, int | None]:
-    """Check how a round's cohort is described; returns ``(sampling_rate, clients_per_round)`` normalised.
-
-    ``poisson`` takes exactly one of the rate ``q`` and the expected cohort ``q * population``; ``fixed`` takes
-    the cohort size (or a rate whose product with the population is a whole number); ``all`` takes neither (or
-    values that mean everyone). Checks that need the population are made when it is given.
-    """
+    """The numbers that describe a round's cohort, checked and normalised: a rate in ``(0, 1]`` and a whole number of
+    clients in ``[1, population]``; either may be None. Which of them a sampling scheme takes, and what else it
+    requires, is the scheme's own rule (:meth:`fedsim.round.sampling.Sampler.check_cohort`)."""
     rate, cpr = sampling_rate, clients_per_round
     if rate is not None:
         try:
@@ -130,33 +127,4 @@ def cohort(
             raise PrivacyInputError(
                 "clients_per_round", clients_per_round, f"must be an integer in [1{upper}]"
             )
-    if sampling in ("poisson", "fixed"):
-        if (rate is None) == (cpr is None):
-            raise PrivacyInputError(
-                "sampling_rate/clients_per_round",
-                (sampling_rate, clients_per_round),
-                f"give exactly one of the two for sampling={sampling!r}",
-            )
-        if sampling == "fixed" and rate is not None and population is not None:
-            tau = rate * population
-            if abs(tau - round(tau)) > 1e-9 * max(1.0, tau) or round(tau) < 1:
-                raise PrivacyInputError(
-                    "sampling_rate",
-                    sampling_rate,
-                    f"for fixed-size sampling rate*population must be a whole number of clients >= 1 (got {tau:g}); "
-                    "give clients_per_round instead",
-                )
-    elif sampling == "all":
-        if rate is not None and rate != 1.0:
-            raise PrivacyInputError(
-                "sampling_rate", sampling_rate, "must be omitted (or 1) for sampling='all'"
-            )
-        if cpr is not None and population is not None and cpr != population:
-            raise PrivacyInputError(
-                "clients_per_round",
-                cpr,
-                f"must be omitted (or equal population={population}) for sampling='all'",
-            )
-        if cpr is not None and population is None:
-            raise PrivacyInputError("clients_per_round", cpr, "must be omitted for sampling='all'")
     return rate, cpr

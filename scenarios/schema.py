@@ -12,29 +12,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from fedsim import factories
 from fedsim.data import DATASETS, PARTITIONERS
 from fedsim.models import MODEL_FACTORIES, MODELS
-from fedsim.privacy.accountants import CERTIFIED
-from fedsim.round import NOISE_PLACEMENTS, RANDOMNESS, SAMPLINGS
+from fedsim.privacy.accountants import ACCOUNTANTS
+from fedsim.registry import engine_names
+from fedsim.round import NOISE_PLACEMENTS, NOISE_SOURCES, RANDOMNESS, check_cohort, sampling_names
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
-from fedsim.validation import baseline_combinations, cohort, noise_and_clip
+from fedsim.validation import baseline_combinations, noise_and_clip
 
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
-Sampling = Literal[SAMPLINGS]  # type: ignore[valid-type]
 NoisePlacement = Literal[NOISE_PLACEMENTS]  # type: ignore[valid-type]
-CertifiedAccountant = Literal[tuple(sorted(CERTIFIED))]  # type: ignore[valid-type]
 Randomness = Literal[RANDOMNESS]  # type: ignore[valid-type]
 Vectorize = Literal[VECTORIZE]  # type: ignore[valid-type]
 ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
-#: fedsim.engine.runner.ENGINES (a test keeps the two equal: the engines sit above this package)
-EngineName = Literal["ray", "flower", "local"]
+
+
+def certified_accountants() -> tuple[str, ...]:
+    """The registry's certified accountants (read when a scenario is validated: later registrations count)."""
+    return tuple(sorted(n for n, a in ACCOUNTANTS.items() if a.kind == "certified"))
+
+
+def _registered(field: str, names: Callable[[], tuple[str, ...]]) -> Callable[[Any], str]:
+    """A validator accepting the names a registry holds when the scenario is validated (so a sampler, noise
+    mechanism, accountant or engine registered from outside fedsim is accepted), with the library's message."""
+
+    def check(value: Any) -> str:
+        allowed = tuple(names())
+        if value not in allowed:  # the loader adds the field and the value received
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return check
 
 
 #: the largest float32: training runs in float32, so a step size above it cannot even be applied
@@ -194,7 +217,10 @@ class ClientConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    sampling: Sampling = "poisson"
+    sampling: Annotated[str, AfterValidator(_registered("sampling", sampling_names))] = Field(
+        "poisson",
+        description="a registered sampling scheme (fedsim.round.SAMPLERS): poisson, fixed, all, ...",
+    )
     sampling_rate: float | None = Field(None, gt=0, le=1, description="poisson: inclusion probability q")
     clients_per_round: int | None = Field(
         None, ge=1, description="fixed: cohort size; poisson: expected cohort size (q = this / population)"
@@ -210,7 +236,17 @@ class PrivacyConfig(_Section):
     )
     noise_placement: NoisePlacement = "central"
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: CertifiedAccountant = "pld"
+    accountant: Annotated[str, AfterValidator(_registered("accountant", certified_accountants))] = Field(
+        "pld",
+        description="a certified accountant of the registry (fedsim.privacy.ACCOUNTANTS): pld, rdp, ...",
+    )
+    mechanism: (
+        Annotated[str, AfterValidator(_registered("mechanism", lambda: tuple(NOISE_SOURCES)))] | None
+    ) = Field(
+        None,
+        description="the noise mechanism, a registered noise source (fedsim.round.NOISE_SOURCES); default "
+        "independent: independent Gaussian noise every round",
+    )
     randomness: Randomness = Field(
         "seeded",
         description="where the cohort and the noise come from: 'seeded' (from seed: reproducible simulation) or "
@@ -229,7 +265,7 @@ class PrivacyConfig(_Section):
     @model_validator(mode="after")
     def _cohort(self) -> PrivacyConfig:
         # the library's rule (fedsim.validation.cohort), so a scenario and the API refuse the same values
-        cohort(self.sampling, self.sampling_rate, self.clients_per_round)
+        check_cohort(self.sampling, self.sampling_rate, self.clients_per_round)
         noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
         baseline_combinations(
             self.clip,
@@ -256,7 +292,9 @@ class AgnosticConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: EngineName = "ray"
+    name: Annotated[str, AfterValidator(_registered("engine.name", engine_names))] = Field(
+        "ray", description="a registered engine (fedsim.registry.ENGINES): ray, local, flower, ..."
+    )
     num_workers: int = Field(2, ge=1)
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedsim.flower import protocol
 from fedsim.privacy import Mechanism
-from fedsim.round import STREAM_LOSS_NOISE, STREAM_NOISE, PartialSum, bounded_value, id_array, private_mean
+from fedsim.round import PartialSum, bounded_value, id_array, private_mean
 from fedsim.validation import PrivacyInputError, positive_finite
 
 from .dpfedavg import DPFedAvg, RoundPlan
@@ -52,6 +52,10 @@ def project_to_simplex(v: np.ndarray) -> np.ndarray:
     rho = np.nonzero(u * ks > css - 1.0)[0][-1]
     theta = (css[rho] - 1.0) / (rho + 1.0)
     return np.maximum(v - theta, 0.0)
+
+
+#: the name of the per-domain loss release in a round's releases
+DOMAIN_LOSSES = "domain-losses"
 
 
 class DPAgnosticFedAvg(DPFedAvg):
@@ -133,7 +137,7 @@ class DPAgnosticFedAvg(DPFedAvg):
         return model.replace(clip=1.0, noise_multiplier=self.loss_noise_multiplier)
 
     def round_releases(self, model: Mechanism) -> list[tuple[str, Mechanism]]:
-        return [("model", model), ("domain-losses", self._loss_mechanism(model))]
+        return [("model", model), (DOMAIN_LOSSES, self._loss_mechanism(model))]
 
     def _expected_per_domain(self, model: Mechanism) -> np.ndarray:
         """Expected sampled clients per domain: the population's domain sizes times the sampling probability."""
@@ -161,22 +165,19 @@ class DPAgnosticFedAvg(DPFedAvg):
         return float(np.max(self.lam / self._expected_per_domain(plan.mechanism)))
 
     def _noised_mean(self, plan: RoundPlan, partial: PartialSum) -> tuple[np.ndarray, float]:
-        # The partial sum is already weighted; the noise is z * (largest weight * clip), the sensitivity.
-        scale = self._weight_scale(plan)
-        return private_mean(
-            partial,
-            clip=plan.clip * scale,
-            noise_multiplier=self.noise_multiplier,
-            expected_cohort=1.0,
-            rng=self.noise.rng(plan.round, STREAM_NOISE),
-        )
+        # The partial sum is already weighted: one client moves it by at most (largest weight * clip), so the noise
+        # is z times that sensitivity: the model release with the weighted clip, over no further denominator.
+        weighted = plan.mechanism
+        if weighted.private:
+            weighted = weighted.replace(clip=weighted.clip * self._weight_scale(plan))
+        return private_mean(partial, weighted, self.noise, plan.round, denominator=1.0)
 
     def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
         assert self.lam is not None
         sums = partial.extras.get("domain_loss", np.zeros(self.num_domains))
-        noised = sums + self.noise.normal(
-            plan.round, STREAM_LOSS_NOISE, self.loss_noise_multiplier, self.num_domains
-        )
+        losses = plan.release(DOMAIN_LOSSES)
+        assert losses is not None
+        noised = sums + self.noise.noise(plan.round, "loss", self.num_domains, losses.noise_std)
         est = noised / self._expected_per_domain(plan.mechanism)
         metrics["lambda_used"] = self.lam.tolist()
         metrics["weight_scale"] = self._weight_scale(plan)

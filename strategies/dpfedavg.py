@@ -32,25 +32,24 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.flower import protocol
 from fedsim.privacy import Ledger, Mechanism
 from fedsim.privacy.accountants import CERTIFIED
+from fedsim.report.rundir import NON_PRIVATE
 from fedsim.round import (
     NOISE_PLACEMENTS,
-    SAMPLINGS,
-    STREAM_COUNT_NOISE,
     STREAM_EVALUATION,
-    STREAM_NOISE,
     NoiseSource,
     PartialSum,
     Sampler,
     bounded_value,
     id_array,
+    make_noise_source,
     make_sampler,
     noise_share_std,
     private_mean,
+    randomness_kind,
 )
 from fedsim.validation import (
     PrivacyInputError,
     baseline_combinations,
-    cohort,
     noise_and_clip,
     one_of,
     open_unit,
@@ -58,11 +57,6 @@ from fedsim.validation import (
 )
 
 from .server_opt import ServerOptimizer
-
-#: The key under which a round's metrics hold what epsilon does NOT cover: exact counts of the cohort and of the
-#: replies, statistics of the un-noised update norms, training-client metrics, timings. Everything else in a
-#: round's metrics is a function of the accounted, noised releases (or of public parameters).
-NON_PRIVATE = "non_private"
 
 
 def check_distributed_noise(noise_placement: str, opted_in: bool, opt_in: str) -> None:
@@ -89,6 +83,10 @@ def check_distributed_noise(noise_placement: str, opted_in: bool, opt_in: str) -
         "not against this server",
         opt_in,
     )
+
+
+#: the name of adaptive clipping's release (the noised count of unclipped updates) in a round's releases
+CLIP_COUNT = "clip-count"
 
 
 class BudgetExhausted(PrivacyBudgetExhausted):
@@ -125,19 +123,47 @@ class AdaptiveClipping:
 
 @dataclass
 class RoundPlan:
-    """What the server decided before a round: who trains, with which clip and which noise share."""
+    """What the server decided before a round: who trains and what the round releases. The one object that goes
+    from the strategy through the engine to the trainer.
+
+    ``mechanism`` (the model release) is the only source of the round's clip and noise std; ``releases`` are every
+    release of the round, each on the round's cohort (the model first); ``noise`` is where the clients' noise shares
+    come from (distributed noise; seeded in simulation, the operating system otherwise)."""
 
     round: int
     cohort: np.ndarray
-    population: int
-    clip: float
     mechanism: Mechanism
-    noise_share_std: float = 0.0
     releases: list[tuple[str, Mechanism]] = field(default_factory=list)
-    noise_seed: int | None = None  # seeds distributed noise shares in simulation; None: OS entropy
-    count_share_std: float = 0.0  # distributed noise with adaptive clipping: each client's share on its bit
+    noise: NoiseSource | None = None
     client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
     loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
+
+    @property
+    def population(self) -> int:
+        return self.mechanism.population
+
+    @property
+    def clip(self) -> float:
+        """The clip applied to every update this round (``inf``: no clipping, the plain-FedAvg baseline)."""
+        return self.mechanism.clip if self.mechanism.clip > 0 else math.inf
+
+    def release(self, name: str) -> Mechanism | None:
+        return next((m for n, m in self.releases if n == name), None)
+
+    def share_std(self, name: str = "model") -> float:
+        """Distributed noise: the std of each sampled client's share of release ``name`` (0: central noise)."""
+        m = self.mechanism if name == "model" else self.release(name)
+        return noise_share_std(m) if m is not None and m.noise_placement == "distributed" else 0.0
+
+    @property
+    def noise_share_std(self) -> float:
+        """Each client's share of the model update's noise (0 with central noise)."""
+        return self.share_std("model")
+
+    @property
+    def count_share_std(self) -> float:
+        """Distributed noise with adaptive clipping: each client's share of the noise on its unclipped bit."""
+        return self.share_std(CLIP_COUNT)
 
     def sampled(self, client: int) -> bool:
         """Whether ``client`` is in this round's cohort."""
@@ -151,9 +177,9 @@ class DPFedAvg(Strategy):
 
     Parameters
     ----------
-    sampling : ``"poisson"`` (each client independently with probability q; add/remove neighbours),
-        ``"fixed"`` (exactly ``clients_per_round`` clients without replacement; replace-one neighbours) or
-        ``"all"``.
+    sampling : a registered sampling scheme's name (:data:`fedsim.round.SAMPLERS`): ``"poisson"`` (each client
+        independently with probability q; add/remove neighbours), ``"fixed"`` (exactly ``clients_per_round`` clients
+        without replacement; replace-one neighbours) or ``"all"``; or a :class:`fedsim.round.Sampler` object.
     sampling_rate, clients_per_round : the cohort (Poisson takes either; fixed takes clients_per_round).
     clip : L2 bound on one client's update (flat norm over all arrays). With adaptive clipping, the start.
         ``0``: no clipping (plain FedAvg, the non-private baseline without clipping; needs noise_multiplier 0).
@@ -169,6 +195,9 @@ class DPFedAvg(Strategy):
     server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
     delta, accountant, max_epsilon : the certified epsilon is computed at ``delta`` with ``accountant``
         (``"pld"`` or ``"rdp"``); a round whose release would exceed ``max_epsilon`` is not run.
+    noise : a registered noise mechanism's name (:data:`fedsim.round.NOISE_SOURCES`, default ``"independent"``:
+        independent Gaussian noise every round) or a :class:`fedsim.round.NoiseSource` object; it provides every
+        noise vector the strategy releases.
     seed : seeds the sampling and noise generators (simulation). ``None`` (the default): every random
         quantity that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn
         from the operating system's entropy; deployments must use that.
@@ -191,7 +220,7 @@ class DPFedAvg(Strategy):
     def __init__(
         self,
         *,
-        sampling: str = "poisson",
+        sampling: str | Sampler = "poisson",
         sampling_rate: float | None = None,
         clients_per_round: int | None = None,
         clip: float = 1.0,
@@ -208,9 +237,17 @@ class DPFedAvg(Strategy):
         diagnostics: bool = False,
         ledger: Ledger | None = None,
         distributed_without_secagg: bool = False,
+        noise: str | NoiseSource = "independent",
     ) -> None:
         # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
-        one_of("sampling", sampling, SAMPLINGS)
+        # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
+        self.sampler: Sampler = make_sampler(sampling, seed)
+        self.noise: NoiseSource = make_noise_source(noise, seed)
+        if randomness_kind(self.sampler.seed) != randomness_kind(self.noise.seed):
+            raise ValueError(
+                f"the sampler's randomness is {randomness_kind(self.sampler.seed)} but the noise source's is "
+                f"{randomness_kind(self.noise.seed)}: both seeded (simulation) or both from the operating system"
+            )
         one_of("noise_placement", noise_placement, NOISE_PLACEMENTS)
         # noise_multiplier = 0: the non-private baseline (clipped, un-noised); clip = 0: plain FedAvg (needs z = 0)
         clip, noise_multiplier = noise_and_clip(clip, noise_multiplier)
@@ -221,7 +258,7 @@ class DPFedAvg(Strategy):
             noise_placement=noise_placement,
             adaptive=adaptive_clipping is not None,
         )
-        sampling_rate, clients_per_round = cohort(sampling, sampling_rate, clients_per_round)
+        sampling_rate, clients_per_round = self.sampler.check_cohort(sampling_rate, clients_per_round)
         delta = open_unit("delta", delta)
         one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
         if max_epsilon is not None:
@@ -235,7 +272,7 @@ class DPFedAvg(Strategy):
                 "asks clients for un-noised evaluation metrics that "
                 "epsilon does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0",
             )
-        self.sampling = sampling
+        self.sampling = self.sampler.name
         self.sampling_rate = sampling_rate
         self.clients_per_round = clients_per_round
         self.clip = float(clip)
@@ -246,9 +283,6 @@ class DPFedAvg(Strategy):
         self.delta = delta
         self.accountant = accountant
         self.max_epsilon = max_epsilon
-        # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
-        self.sampler: Sampler = make_sampler(sampling, seed)
-        self.noise: NoiseSource = NoiseSource(seed)
         self.population = population
         self.fraction_evaluate = fraction_evaluate
         self.diagnostics = bool(diagnostics)
@@ -260,26 +294,36 @@ class DPFedAvg(Strategy):
         self.stopped_reason: str | None = None
         self._pending: tuple[RoundPlan, ArrayRecord] | None = None
         self._node_to_client: dict[int, int] = {}
+        self._mechanisms: dict[tuple, Mechanism] = {}
         # Validate the cohort arguments now, against a nominal population, so errors surface at construction.
         if population is not None:
             self.mechanism(population)
 
     # ------------------------------------------------------------------ the mechanism
     def mechanism(self, population: int, clip: float | None = None) -> Mechanism:
-        """The round's mechanism over ``population`` clients (``clip``: the clip applied this round)."""
-        kwargs: dict[str, Any] = {}
-        if self.sampling != "all":  # exactly one of the two was given (checked at construction)
-            if self.sampling_rate is not None:
-                kwargs["sampling_rate"] = self.sampling_rate
-            else:
-                kwargs["clients_per_round"] = self.clients_per_round
+        """The round's mechanism over ``population`` clients (``clip``: the clip applied this round), validated once
+        per population and clip."""
+        settings = (
+            self.sampling,
+            self.sampling_rate,
+            self.clients_per_round,
+            self.noise_multiplier,
+            self.noise_placement,
+        )
+        key = (int(population), float(self.clip if clip is None else clip), *settings)
+        if key not in self._mechanisms:  # one entry: the clip moves with adaptive clipping
+            self._mechanisms = {key: self._new_mechanism(key[0], key[1])}
+        return self._mechanisms[key]
+
+    def _new_mechanism(self, population: int, clip: float) -> Mechanism:
         return Mechanism(
-            population=int(population),
+            population=population,
             sampling=self.sampling,
-            clip=float(self.clip if clip is None else clip),
+            sampling_rate=self.sampling_rate,
+            clients_per_round=self.clients_per_round,
+            clip=clip,
             noise_multiplier=self.noise_multiplier,
             noise_placement=self.noise_placement,
-            **kwargs,
         )
 
     def _count_mechanism(self, model: Mechanism) -> Mechanism:
@@ -295,7 +339,7 @@ class DPFedAvg(Strategy):
         """Everything one round releases, each on the round's cohort (the budget check and the ledger)."""
         releases = [("model", model)]
         if self.adaptive_clipping is not None:
-            releases.append(("clip-count", self._count_mechanism(model)))
+            releases.append((CLIP_COUNT, self._count_mechanism(model)))
         return releases
 
     @property
@@ -363,23 +407,8 @@ class DPFedAvg(Strategy):
                 f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
             )
         cohort = self.sampler.sample(server_round, ids, model)
-        share, count_share = 0.0, 0.0
-        if self.noise_placement == "distributed":
-            # split over the expected cohort (public), never the realised one (which the share would reveal)
-            share = noise_share_std(self.noise_multiplier, self.clip, model.expected_cohort)
-            if self.adaptive_clipping is not None:
-                count_share = noise_share_std(self._count_noise_multiplier(model), 1.0, model.expected_cohort)
-        return RoundPlan(
-            server_round,
-            cohort,
-            population,
-            self.clip if self.clip > 0 else math.inf,  # clip = 0: no clipping (plain FedAvg)
-            model,
-            share,
-            releases,
-            noise_seed=self.seed,
-            count_share_std=count_share,
-        )
+        # distributed noise: the shares are split over the expected cohort (public), never the realised one
+        return RoundPlan(server_round, cohort, model, releases, noise=self.noise.for_clients())
 
     def finish_round(
         self,
@@ -431,30 +460,22 @@ class DPFedAvg(Strategy):
 
     def _noised_mean(self, plan: RoundPlan, partial: PartialSum) -> tuple[np.ndarray, float]:
         """The released model update: noised clipped sum over the expected cohort."""
-        return private_mean(
-            partial,
-            clip=plan.clip,
-            noise_multiplier=self.noise_multiplier,
-            expected_cohort=plan.mechanism.expected_cohort,
-            rng=self.noise.rng(plan.round, STREAM_NOISE),
-            noise_placement=self.noise_placement,
-        )
+        return private_mean(partial, plan.mechanism, self.noise, plan.round)
 
     def _after_release(self, plan: RoundPlan, partial: PartialSum, metrics: dict[str, Any]) -> None:
         """Server-side state updates from this round's releases (adaptive clipping)."""
-        model = plan.mechanism
-        if self.adaptive_clipping is not None:
+        count = plan.release(CLIP_COUNT)
+        if self.adaptive_clipping is not None and count is not None:
             ac = self.adaptive_clipping
-            z_b = self._count_noise_multiplier(model)
-            rng = self.noise.rng(plan.round, STREAM_COUNT_NOISE)
-            if self.noise_placement == "distributed":
+            expected = count.expected_cohort
+            if count.noise_placement == "distributed":
                 # the clients' noised bits, plus the shares missing below the expected cohort
-                expected = model.expected_cohort
                 missing = max(expected - partial.count_shares, 0.0)
-                noisy = partial.unclipped_noised + rng.normal(0.0, z_b * math.sqrt(missing / expected))
+                std = count.noise_std * math.sqrt(missing / expected)
+                noisy = partial.unclipped_noised + self.noise.noise(plan.round, "count", None, std)
             else:
-                noisy = partial.unclipped + rng.normal(0.0, z_b)
-            frac = noisy / model.expected_cohort
+                noisy = partial.unclipped + self.noise.noise(plan.round, "count", None, count.noise_std)
+            frac = noisy / expected
             self.clip = float(plan.clip * math.exp(-ac.learning_rate * (frac - ac.target_quantile)))
             metrics["unclipped_fraction_noised"] = float(frac)
             metrics["next_clip"] = self.clip

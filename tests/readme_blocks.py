@@ -317,9 +317,9 @@ def _serve(job_path: str) -> None:
     import fedsim.report.privacy
     import fedsim.scenarios
     import fedsim.sweep  # noqa: F401
-    from fedsim.report.plots import _pyplot
+    from fedsim.report.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure()  # font cache and renderer warmed once, not in every run's plots
     fig.text(0.5, 0.5, "warm-up")
     fig.canvas.draw()

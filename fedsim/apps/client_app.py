@@ -60,7 +60,8 @@ from fedsim.flower.protocol import (
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
 )
-from fedsim.round import flatten
+from fedsim.round import NoiseSource, flatten
+from fedsim.training.trainer import ClientPlan
 
 from .run_config import load_for_run, model_arrays
 
@@ -204,6 +205,7 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
     node's code, never of a message, so a server cannot make clients draw noise it could regenerate.
     """
     defaults = dict(run_config_defaults or {})
+    shares = NoiseSource(noise_seed)  # the node's own: never from a message
     app = ClientApp()
 
     def _config(context: Context) -> dict:
@@ -226,15 +228,8 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             # distributed noise: the trainer clips and adds this client's share before the update leaves it, at
             # least as much as this node's own floor (a message asking for less is refused: an error reply)
             clip, share_std, count_share = policy.check(config)
-            partial, metrics = trainer.train(
-                server_round,
-                [cid],
-                flat,
-                clip,
-                share_std,
-                noise_seed=noise_seed,
-                count_share_std=count_share,
-            )
+            plan = ClientPlan(server_round, [cid], clip, share_std, count_share, noise=shares)
+            partial, metrics = trainer.train(plan, flat)
             if partial.rejected:  # an error reply: the server counts it and tops up this client's noise share
                 why = metrics[0].get("error", "a non-finite update") if metrics else "no update"
                 raise ValueError(f"client {cid}: local training failed ({why})")

@@ -39,7 +39,7 @@ from fedsim.flower.grid import ClientIdGrid
 from fedsim.flower.grid_engine import GridEngine
 from fedsim.loop import RunResult, run_rounds
 from fedsim.report.rows import PUBLIC_STOPS
-from fedsim.report.rundir import RunWriter, new_run_dir
+from fedsim.report.rundir import NON_PRIVATE, RunWriter, new_run_dir
 from fedsim.scenarios import scenario_to_toml
 from fedsim.strategies.dpfedavg import check_distributed_noise
 
@@ -151,7 +151,7 @@ def main(grid: Grid, context: Context) -> None:
                 INFO,
                 "round %d [non-private diagnostics]: %s",
                 row["round"],
-                {k: v for k, v in row.get("non_private", {}).items() if isinstance(v, int | float)},
+                {k: v for k, v in row.get(NON_PRIVATE, {}).items() if isinstance(v, int | float)},
             )
 
     try:

@@ -1,2 +1,4 @@
-"""Engines behind one protocol (:class:`fedsim.loop.Engine`): Ray actors, in-process, and Flower's Simulation
-Engine (through the same loop, inside Flower's ServerApp); and the runner that picks one for a scenario."""
+"""Engines behind one protocol (:class:`fedsim.loop.Engine`), one module each: Ray actors (:mod:`.ray_engine`),
+in-process (:mod:`.local_engine`), and Flower's Simulation Engine (:mod:`.flower_engine`: the same loop, inside
+Flower's ServerApp); and the runner that starts the one a scenario's ``engine.name`` names in
+:mod:`fedsim.registry`."""

@@ -9,6 +9,11 @@ its seeded generator: with the same seed the final model equals the in-process e
 (Flower ships the global model as float32 arrays).
 
 This engine exists for parity checks and as the baseline of the speed benchmarks.
+
+Unlike the engines the round loop drives, it drives the loop itself (registered with ``drives_loop=True`` in
+:mod:`fedsim.registry`): :meth:`FlowerEngine.run_scenario` is what ``engine.name = "flower"`` runs. Of
+:class:`fedsim.loop.Engine` it has ``name`` and ``close``; a round's ``train`` and ``evaluate`` are those of
+:class:`fedsim.flower.grid_engine.GridEngine`, which the loop drives inside the ServerApp.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class FlowerEngine:
 
     ``num_cpus_per_client`` / ``num_gpus_per_client`` size each virtual client (Flower's
     ``client_resources``); ``ray_init_args`` go to ``ray.init`` (default: the machine's CPUs, no dashboard).
+    Each :meth:`run` starts and ends its own simulation: nothing is held between runs, so :meth:`close` has
+    nothing to release.
     """
 
     name = "flower"
@@ -53,6 +60,33 @@ class FlowerEngine:
         self.num_gpus_per_client = num_gpus_per_client
         self.ray_init_args = ray_init_args
         self.verbose = verbose
+
+    @classmethod
+    def from_scenario(cls, scenario: Any) -> FlowerEngine:
+        """Sized by ``scenario.engine``: each virtual client gets ``num_cpus_per_worker`` CPUs and
+        ``num_gpus_per_worker`` GPUs."""
+        return cls(
+            num_cpus_per_client=scenario.engine.num_cpus_per_worker,
+            num_gpus_per_client=scenario.engine.num_gpus_per_worker,
+        )
+
+    @classmethod
+    def run_scenario(
+        cls,
+        scenario: Any,
+        *,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        writer: RunWriter | None = None,
+    ) -> RunResult:
+        """The registry's hook (``engine.name = "flower"``): :meth:`run` on an engine :meth:`from_scenario`."""
+        engine = cls.from_scenario(scenario)
+        try:
+            return engine.run(scenario, on_row=on_row, writer=writer)
+        finally:
+            engine.close()
+
+    def close(self) -> None:
+        """Nothing to release: each :meth:`run` shuts its simulation down before it returns."""
 
     def backend_config(self) -> dict[str, Any]:
         init_args = dict(self.ray_init_args or {"num_cpus": os.cpu_count() or 1})

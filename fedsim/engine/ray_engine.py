@@ -1,9 +1,12 @@
-"""Engines that train a round's cohort: in-process (:class:`LocalEngine`) and on Ray actors (:class:`RayEngine`).
+"""The Ray engine (:class:`RayEngine`): a round's cohort trains on a pool of Ray actors.
 
-Both expose the same two calls, used by :mod:`fedsim.engine.runner`:
+It implements :class:`fedsim.loop.Engine`:
 
 * ``train(plan, weights) -> (PartialSum, client_metrics)``: the cohort's clipped sum;
 * ``evaluate(client_ids, weights) -> rows``: per-client ``[client, n, loss_sum, correct]``.
+
+:func:`init_ray` starts (or connects to) Ray for this engine and for ``fedsim sweep``'s parallel runs. The
+in-process engine is :mod:`fedsim.engine.local_engine` (``LocalEngine`` is also importable from here).
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ import torch
 from fedsim.round import PartialSum
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
+from .base import EngineError
+from .local_engine import LocalEngine
+
+__all__ = ["EngineError", "LocalEngine", "RayEngine", "balance", "init_ray"]
+
 log = logging.getLogger(__name__)
 
 #: how long a replacement worker may take to start (build its trainer) before the round fails loudly
 _START_TIMEOUT_S = 300.0
-
-
-class EngineError(RuntimeError):
-    """The engine cannot go on (a worker that could not be replaced): not the user's input, not a client's fault.
-    ``fedsim run`` reports it in one line (exit 1); every round finished before it is written."""
 
 
 def _lost_worker_errors() -> tuple[type[BaseException], ...]:
@@ -46,39 +49,6 @@ def _lost_worker_errors() -> tuple[type[BaseException], ...]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-class LocalEngine:
-    """Everything in this process: no start-up cost; the reference the other engines must match."""
-
-    name = "local"
-
-    def __init__(self, data: Any, settings: TrainSettings, device: str | None = None) -> None:
-        self.data = data
-        self.trainer = ClientTrainer(data, settings, device=device)
-        self.dim = self.trainer.dim
-        self.num_workers = 1
-        #: the training path the cohort takes (``per-layer``, ``vmap`` or ``loop``), as configured and checked
-        self.training_path = self.trainer.path.name
-
-    def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
-        return self.trainer.train(
-            plan.round,
-            plan.cohort,
-            weights,
-            plan.clip,
-            plan.noise_share_std,
-            plan.client_weights,
-            plan.loss_bound,
-            noise_seed=plan.noise_seed,
-            count_share_std=plan.count_share_std,
-        )
-
-    def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        return self.trainer.evaluate(client_ids, weights)
-
-    def close(self) -> None:
-        pass
 
 
 class _Worker:
@@ -104,47 +74,28 @@ class _Worker:
         }
 
     def train(
-        self,
-        server_round: int,
-        client_ids: list[int],
-        weights: np.ndarray,
-        clip: float,
-        share: float,
-        client_weights: dict[int, float] | None = None,
-        loss_bound: float | None = None,
-        *,
-        noise_seed: int | None = None,
-        count_share_std: float = 0.0,
+        self, plan: Any, client_ids: list[int], weights: np.ndarray
     ) -> Iterator[tuple[PartialSum, list[dict[str, Any]]]]:
-        """A Ray streaming generator: a partial sum and its clients' metrics per unit of work (a client on the
-        loop, a chunk when vectorised: :meth:`ClientTrainer.train_stream`). Each is sent as it is made, so the
-        driver keeps what was finished if this process hangs later in the round, and all but the last few units
-        (Ray reports them asynchronously) if it is killed."""
+        """A Ray streaming generator: this worker's share ``client_ids`` of ``plan.cohort``, trained under the
+        round's ``plan``; a partial sum and its clients' metrics per unit of work (a client on the loop, a chunk
+        when vectorised: :meth:`ClientTrainer.train_stream`). Each is sent as it is made, so the driver keeps what
+        was finished if this process hangs later in the round, and all but the last few units (Ray reports them
+        asynchronously) if it is killed."""
         import ray  # as above
 
         node = ray.get_runtime_context().get_node_id()
-        for partial, metrics in self.trainer.train_stream(
-            server_round,
-            client_ids,
-            weights,
-            clip,
-            share,
-            client_weights,
-            loss_bound,
-            noise_seed=noise_seed,
-            count_share_std=count_share_std,
-        ):
+        for partial, metrics in self.trainer.train_stream(plan, weights, client_ids):
             for m in metrics:
                 m["node"] = node
             yield partial, metrics
 
     def train_whole(
-        self, server_round: int, client_ids: list[int], weights: np.ndarray, *args: Any, **kw: Any
-    ):
+        self, plan: Any, client_ids: list[int], weights: np.ndarray
+    ) -> tuple[PartialSum, list[dict[str, Any]]]:
         """:meth:`train` in one reply: ``(partial, metrics)`` of ``client_ids`` (one client, when the driver
         isolates the clients a lost worker had not reported)."""
         partial, metrics = PartialSum(self.trainer.dim), []
-        for unit, new in self.train(server_round, client_ids, weights, *args, **kw):
+        for unit, new in self.train(plan, client_ids, weights):
             partial.merge(unit)
             metrics.extend(new)
         return partial, metrics
@@ -166,6 +117,21 @@ class RayEngine:
 
     name = "ray"
 
+    @classmethod
+    def start(cls, scenario: Any, data: Any, settings: TrainSettings) -> RayEngine:
+        """The engine of ``engine.name = "ray"`` (:mod:`fedsim.registry`), sized by ``scenario.engine``: its
+        ``num_workers``, ``num_cpus_per_worker``, ``num_gpus_per_worker``, ``ray_address`` and ``round_timeout_s``."""
+        e = scenario.engine
+        return cls(
+            data,
+            settings,
+            num_workers=e.num_workers,
+            num_cpus=e.num_cpus_per_worker,
+            num_gpus=e.num_gpus_per_worker,
+            address=e.ray_address,
+            round_timeout_s=e.round_timeout_s,
+        )
+
     def __init__(
         self,
         data: Any,
@@ -179,28 +145,8 @@ class RayEngine:
     ) -> None:
         import ray  # as above
 
-        # Ray 2.55 announces a future change of its GPU-hiding default on every init; fedsim relies on the
-        # current behaviour (CPU-only actors see no GPU) and says so here instead of on every run.
-        warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
-        self._owns_ray = False
-        if not ray.is_initialized():
-            kwargs: dict[str, Any] = {
-                "include_dashboard": False,
-                "log_to_driver": False,
-                "logging_level": logging.ERROR,
-                "configure_logging": True,
-            }
-            if address:
-                ray.init(address=address, **kwargs)
-            else:
-                need = max(1, int(np.ceil(num_workers * num_cpus)))
-                # workers import the user's model factory, loss and data function by reference: they get the
-                # driver's import path through the environment the raylet (and so every worker) inherits while
-                # ray.init starts it. A runtime_env would do the same at 1.4-3.5 s more per start (measured).
-                # A cluster's nodes need the code installed, or a runtime_env (see the README).
-                with _driver_pythonpath():
-                    ray.init(num_cpus=need, num_gpus=None if num_gpus else 0, **kwargs)
-            self._owns_ray = True
+        need = max(1, int(np.ceil(num_workers * num_cpus)))
+        self._owns_ray = init_ray(address, num_cpus=need, num_gpus=None if num_gpus else 0)
         total_gpus = ray.cluster_resources().get("GPU", 0.0)
         if num_gpus > 0 and total_gpus < num_gpus:
             raise ValueError(
@@ -298,19 +244,8 @@ class RayEngine:
         return total, out
 
     def _call(self, method: Any, plan: Any, clients: list[int], w_ref: Any) -> Any:
-        """``method.remote`` (a worker's ``train`` or ``train_whole``) for ``clients`` under ``plan``."""
-        weights = None if plan.client_weights is None else {c: plan.client_weights[c] for c in clients}
-        return method.remote(
-            plan.round,
-            clients,
-            w_ref,
-            plan.clip,
-            plan.noise_share_std,
-            weights,
-            plan.loss_bound,
-            noise_seed=plan.noise_seed,
-            count_share_std=plan.count_share_std,
-        )
+        """``method.remote`` (a worker's ``train`` or ``train_whole``) for ``clients`` under ``plan`` (sent whole)."""
+        return method.remote(plan, clients, w_ref)
 
     def _isolate(self, plan: Any, clients: list[int], w_ref: Any) -> tuple[PartialSum, list[dict[str, Any]]]:
         """Train ``clients`` alone (:meth:`_one_at_a_time`): a client that kills or outlasts its worker there is the
@@ -444,6 +379,40 @@ class RayEngine:
         self.workers = []
         if self._owns_ray:
             ray.shutdown()
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+    """Start Ray in this process, unless it runs already: connected to the cluster at ``address`` (``"auto"`` or
+    ``"host:6379"``), or else a local instance of ``num_cpus`` CPUs and ``num_gpus`` GPUs (``None``: what Ray
+    detects). True when this call started it (the caller then owns it: ``ray.shutdown()`` when done), False when
+    Ray was running already.
+
+    Quiet: no dashboard, the workers' output not sent to the driver, Ray's own logging at ERROR. A local
+    instance's workers get the driver's import path (:func:`_driver_pythonpath`). Used by :class:`RayEngine` and
+    by ``fedsim sweep --parallel`` (:func:`fedsim.sweep.run_sweep`)."""
+    import ray  # Ray is imported by the Ray engine only: the local engine and the apps never load it
+
+    # Ray 2.55 announces a future change of its GPU-hiding default on every init; fedsim relies on the
+    # current behaviour (CPU-only actors see no GPU) and says so here instead of on every run.
+    warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.ERROR,
+        "configure_logging": True,
+    }
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        # workers import the user's model factory, loss and data function by reference: they get the
+        # driver's import path through the environment the raylet (and so every worker) inherits while
+        # ray.init starts it. A runtime_env would do the same at 1.4-3.5 s more per start (measured).
+        # A cluster's nodes need the code installed, or a runtime_env (see the README).
+        with _driver_pythonpath():
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
+    return True
 
 
 @contextlib.contextmanager

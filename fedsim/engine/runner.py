@@ -18,6 +18,7 @@ from typing import Any
 
 from fedsim.experiment import build_experiment
 from fedsim.loop import Engine, RunResult, run_rounds
+from fedsim.registry import ENGINES, engine_entry
 from fedsim.report.checkpoint import (
     CHECKPOINT,
     CheckpointError,
@@ -31,30 +32,22 @@ from fedsim.report.trackers import check_trackers
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
 from fedsim.training.trainer import TrainSettings, make_model
 
-from .flower_engine import FlowerEngine
-from .ray_engine import LocalEngine, RayEngine
-
-#: ``engine.name`` -> what trains the cohort. ``flower`` is Flower's own Simulation Engine: the rounds then run
-#: inside Flower's ServerApp (:func:`fedsim.apps.server_app.run_on_grid`), through the same loop.
-ENGINES = ("ray", "local", "flower")
-
 
 def build_engine(scenario: Scenario, data: Any, settings: Any) -> Engine:
-    """The in-loop engine ``engine.name`` names (``ray`` or ``local``)."""
-    e = scenario.engine
-    if e.name == "local":
-        return LocalEngine(data, settings)
-    if e.name == "ray":
-        return RayEngine(
-            data,
-            settings,
-            num_workers=e.num_workers,
-            num_cpus=e.num_cpus_per_worker,
-            num_gpus=e.num_gpus_per_worker,
-            address=e.ray_address,
-            round_timeout_s=e.round_timeout_s,
+    """Start the engine ``engine.name`` names (:mod:`fedsim.registry`), one the round loop drives: its factory
+    ``start(scenario, data, settings)``."""
+    entry = engine_entry(scenario.engine.name)
+    if entry.drives_loop:
+        raise ValueError(
+            f"engine.name={entry.name!r} runs the round loop itself; allowed here: {_in_loop_engines()}"
         )
-    raise ValueError(f"engine.name={e.name!r} has no in-loop engine; allowed here: 'ray', 'local'")
+    target = entry.resolve()
+    return getattr(target, "start", target)(scenario, data, settings)
+
+
+def _in_loop_engines(joiner: str = ", ") -> str:
+    """The registered engines the round loop drives, quoted: ``'ray', 'local'``."""
+    return joiner.join(repr(e.name) for e in ENGINES.values() if not e.drives_loop)
 
 
 def run_scenario(
@@ -68,8 +61,10 @@ def run_scenario(
 ) -> RunResult:
     """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round.
 
-    ``engine``: an engine object to reuse (not closed here); by default the scenario's ``engine.name``
-    (``ray``, ``local`` or ``flower``: Flower's own Simulation Engine) is started and closed.
+    ``engine``: an engine object to reuse (not closed here); by default the engine the scenario's ``engine.name``
+    names in :mod:`fedsim.registry` (``ray``, ``local``, ``flower``: Flower's own Simulation Engine, or one
+    registered since) is started and closed. An engine that drives the round loop itself (``drives_loop``, such as
+    ``flower``) runs the scenario through its ``run_scenario``.
     """
     t0 = time.perf_counter()
     # everything that can refuse the scenario runs before the run directory exists: the config must be writable
@@ -79,8 +74,8 @@ def run_scenario(
         check_trackers(scenario)  # a tracker that cannot start (package missing, bad URI): refused here
     if write and out is not None:
         check_out(out)
-    flower = engine is None and scenario.engine.name == "flower"
-    exp = None if flower else build_experiment(scenario)
+    drives_loop = engine is None and engine_entry(scenario.engine.name).drives_loop
+    exp = None if drives_loop else build_experiment(scenario)
     run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
     writer = RunWriter(run_dir) if run_dir else None
     if writer:
@@ -92,12 +87,9 @@ def run_scenario(
     try:
         if writer:
             writer.begin(config_toml)
-        if exp is None:
-            runner = FlowerEngine(
-                num_cpus_per_client=scenario.engine.num_cpus_per_worker,
-                num_gpus_per_client=scenario.engine.num_gpus_per_worker,
-            )
-            return runner.run(scenario, on_row=on_row, writer=writer)
+        if exp is None:  # the engine builds the experiment and runs the rounds where it hosts them
+            host = engine_entry(scenario.engine.name).resolve()
+            return host.run_scenario(scenario, on_row=on_row, writer=writer)
         if writer:
             writer.write_data(exp.data.describe())  # its exact statistics under non_private
         result = _run_on_engine(exp, engine, writer, on_row, t0)
@@ -114,8 +106,9 @@ def model_factory(settings: TrainSettings, input_shape: Any, num_classes: int) -
 
 
 def _factory_from_run_dir(scenario: Scenario, run_dir: Path) -> Callable[[], Any]:
-    """:func:`model_factory` with the data's shape read from the run's ``data.json`` when the model is built (Flower's
-    Simulation Engine builds the data in its own process and writes it there)."""
+    """:func:`model_factory` with the data's shape read from the run's ``data.json`` when the model is built (an
+    engine that drives the loop, such as Flower's Simulation Engine, builds the data in its own process and writes
+    it there)."""
 
     def factory() -> Any:
         shape = model_shape(run_dir)
@@ -222,9 +215,10 @@ def resume_run(
         scenario = load_scenario(str(config))
     except ScenarioError as exc:
         raise CheckpointError(f"{config} no longer loads: {exc}") from None
-    if scenario.engine.name == "flower":
+    if engine_entry(scenario.engine.name).drives_loop:
         raise CheckpointError(
-            "--resume continues runs of engine.name 'ray' or 'local'; this run used 'flower'"
+            f"--resume continues runs of engine.name {_in_loop_engines(' or ')}; "
+            f"this run used {scenario.engine.name!r}"
         )
     if scenario.privacy.randomness != "seeded":
         # the rounds after the checkpoint were released already, with noise that cannot be drawn again: running

@@ -4,7 +4,9 @@ Public API::
 
     Mechanism, compose_same_cohort                 # what one round releases (and its dp-accounting event)
     ACCOUNTANTS, epsilon_curve, compute_curve      # the one registry of accountants, by name
-    Ledger                                         # released rounds, serialisable
+    register_accountant, certified_methods         # add an accountant; the certified ones now
+    Ledger, DpRelease                              # released rounds (any release that knows its DP event)
+    register_release_kind, RELEASE_KINDS           # a release kind a saved ledger loads back
     PrivacyInputError
 
 What analyses the papers (generalization from privacy, the audit of the paper bounds, calibration) is in
@@ -16,26 +18,37 @@ from .accountants import (
     CERTIFIED,
     PAPER_BOUNDS,
     VALID_BOUNDS,
+    Accountant,
     EpsilonCurve,
+    accountant_names,
+    certified_methods,
     compute_curve,
     epsilon_curve,
     method_kind,
+    register_accountant,
 )
 from .errors import PrivacyInputError
-from .ledger import Ledger
+from .ledger import RELEASE_KINDS, DpRelease, Ledger, register_release_kind
 from .mechanism import Mechanism, compose_same_cohort
 
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
     "PAPER_BOUNDS",
+    "RELEASE_KINDS",
     "VALID_BOUNDS",
+    "Accountant",
+    "DpRelease",
     "EpsilonCurve",
     "Ledger",
     "Mechanism",
     "PrivacyInputError",
+    "accountant_names",
+    "certified_methods",
     "compose_same_cohort",
     "compute_curve",
     "epsilon_curve",
     "method_kind",
+    "register_accountant",
+    "register_release_kind",
 ]

@@ -19,13 +19,20 @@ value, looser in practice), shown for comparison. A *paper bound* is reproduced 
 The per-step (eps, delta) of ``kairouz`` and ``basic`` is the exact Gaussian profile of one round
 under the mechanism's own neighbouring relation, amplified by the sampling probability (Balle et
 al. 2018: Poisson/add-remove and without-replacement/replace-one).
+
+An accountant is added from outside with :func:`register_accountant` (an :class:`Accountant`: a curve for one
+mechanism, and how it composes a ledger's rounds); :data:`CERTIFIED`, :data:`VALID_BOUNDS` and
+:data:`PAPER_BOUNDS` are live views of the registry by kind, and :func:`certified_methods` lists the certified
+ones (what a run may report as its epsilon).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -39,19 +46,36 @@ from .mechanism import Mechanism
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
+    "CERTIFIED_KIND",
+    "KINDS",
     "PAPER_BOUNDS",
+    "PAPER_BOUND_KIND",
     "VALID_BOUNDS",
+    "VALID_BOUND_KIND",
     "Accountant",
+    "CurveQuery",
+    "CurveResult",
     "EpsilonCurve",
+    "LedgerAccountant",
+    "accountant_names",
+    "certified_methods",
     "compute_curve",
     "epsilon_at",
     "epsilon_curve",
     "method_kind",
     "per_step_epsilon",
+    "register_accountant",
     "validate_delta",
     "validate_method",
     "validate_rounds",
 ]
+
+#: the kinds of accountant: what a run reports as its epsilon (dp-accounting), a correct closed-form upper bound
+#: shown for comparison, and a bound reproduced as printed in a paper (audited, not a certificate)
+CERTIFIED_KIND = "certified"
+VALID_BOUND_KIND = "valid closed-form bound"
+PAPER_BOUND_KIND = "paper bound, not a certificate"
+KINDS = (CERTIFIED_KIND, VALID_BOUND_KIND, PAPER_BOUND_KIND)
 
 
 def validate_delta(delta, field_name: str = "delta") -> float:
@@ -66,10 +90,26 @@ def validate_rounds(rounds, field_name: str = "rounds") -> int:
     return int(rounds)
 
 
-def validate_method(method, field_name: str = "method") -> str:
-    if not isinstance(method, str) or method not in ACCOUNTANTS:
-        raise PrivacyInputError(field_name, method, f"must be one of {', '.join(ACCOUNTANTS)}")
+def validate_method(method, field_name: str = "method", *, kind: str | None = None) -> str:
+    """``method`` if it names a registered accountant (of ``kind``, e.g. :data:`CERTIFIED_KIND`, if given), else a
+    one-line :class:`PrivacyInputError` (a ``ValueError``) listing the registered choices."""
+    choices = accountant_names(kind)
+    if not isinstance(method, str) or method not in choices:
+        raise PrivacyInputError(field_name, method, f"must be one of {', '.join(choices)}")
     return method
+
+
+def accountant_names(kind: str | None = None) -> tuple[str, ...]:
+    """The names in the registry now (of ``kind`` if given), in registration order."""
+    if kind is not None and kind not in KINDS:
+        raise PrivacyInputError("kind", kind, f"must be one of {', '.join(KINDS)}")
+    return tuple(n for n, a in ACCOUNTANTS.items() if kind is None or a.kind == kind)
+
+
+def certified_methods() -> tuple[str, ...]:
+    """The certified accountants registered now, sorted: what a run may report as its epsilon (the scenario's
+    ``privacy.accountant``). With :func:`validate_method` ``(name, field, kind=CERTIFIED_KIND)`` to check one."""
+    return tuple(sorted(accountant_names(CERTIFIED_KIND)))
 
 
 @dataclass
@@ -132,8 +172,9 @@ def _status_array(n: int, value: str = "ok") -> np.ndarray:
 
 
 @dataclass
-class _Query:
-    """One curve request: the mechanism, the rounds asked for (``T``), delta and the method's options."""
+class CurveQuery:
+    """One curve request: the mechanism, the rounds asked for (``T``), delta and the method's options. An
+    accountant's ``curve`` may append to ``notes`` and fill ``details``."""
 
     m: Mechanism
     T: np.ndarray
@@ -151,27 +192,130 @@ class _Query:
 
 
 @dataclass
-class _Result:
+class CurveResult:
+    """What an accountant's ``curve`` returns: epsilon (and the delta it holds at) at each of ``query.T``."""
+
     epsilon: np.ndarray
     delta: np.ndarray
     status: np.ndarray | None = None  # None: "ok", or "no finite epsilon" where epsilon is not finite
     exact: np.ndarray | None = None  # None: exact at every round
 
 
+_Query, _Result = CurveQuery, CurveResult  # the names the built-in curves were written with
+
+#: a ledger's rounds as an accountant receives them: each round a tuple of releases (a Mechanism per cohort, the
+#: round's releases on one cohort composed first, or any other DP release with ``to_dp_event(relation)``)
+LedgerRounds = Sequence[tuple[Any, ...]]
+
+
+@runtime_checkable
+class LedgerAccountant(Protocol):
+    """What a ledger holds for one accountant (per PLD discretisation): it gets the ledger's rounds and the
+    neighbouring relation they are accounted under, and answers epsilon at ``delta``. ``cache``: the rounds extend
+    the previous query's (a state may keep compositions); False for a what-if query. ``fallback``: why the last
+    query was answered by another accountant (None if it was not)."""
+
+    fallback: str | None
+
+    def epsilon(self, rounds: LedgerRounds, relation: str, delta: float, cache: bool = True) -> float: ...
+
+
+class _FunctionLedgerAccountant:
+    """A stateless ``of_ledger(rounds, relation, delta)`` as a :class:`LedgerAccountant`."""
+
+    fallback = None
+
+    def __init__(self, fn: Callable[[LedgerRounds, str, float], float]):
+        self._fn = fn
+
+    def epsilon(self, rounds: LedgerRounds, relation: str, delta: float, cache: bool = True) -> float:
+        return float(self._fn(rounds, relation, delta))
+
+
+def _require_mechanisms(method: str, rounds: LedgerRounds) -> None:
+    others = sorted({type(r).__name__ for events in rounds for r in events if not isinstance(r, Mechanism)})
+    if others:
+        able = ", ".join(
+            n for n, a in ACCOUNTANTS.items() if a.kind == CERTIFIED_KIND and a.accepts_any_event
+        )
+        raise PrivacyInputError(
+            "method",
+            method,
+            f"composes per-round Mechanisms only and this ledger also holds {', '.join(others)} releases; use "
+            f"{_or_list(able)}",
+        )
+
+
+class _CurveLedgerAccountant:
+    """A closed form (an accountant with only a ``curve``) on a ledger: it needs the same single mechanism in every
+    round, and then is that mechanism's curve at the number of rounds."""
+
+    fallback = None
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def epsilon(self, rounds: LedgerRounds, relation: str, delta: float, cache: bool = True) -> float:
+        _require_mechanisms(self.method, rounds)
+        first = rounds[0]
+        if len(first) != 1 or any(events != first for events in rounds):
+            composers = ", ".join(n for n, a in ACCOUNTANTS.items() if a.composes_ledgers)
+            raise PrivacyInputError(
+                "method",
+                self.method,
+                f"needs the same single mechanism in every round; use {_or_list(composers)} for this ledger",
+            )
+        curve = compute_curve(first[0], len(rounds), delta, self.method)
+        return float(curve.epsilon[-1])
+
+
+def _or_list(names: str) -> str:
+    """``"pld, rdp, basic"`` as ``"pld, rdp or basic"``."""
+    head, _, tail = names.rpartition(", ")
+    return f"{head} or {tail}" if head else tail
+
+
 @dataclass(frozen=True)
 class Accountant:
-    """One entry of the registry: a name, its kind, what it is, and how it computes.
+    """One entry of the registry: a name, its kind (one of :data:`KINDS`), what it is, and how it computes.
 
-    ``curve(query)``: epsilon after the rounds ``query.T`` of one mechanism. ``of_ledger(rounds, relation,
-    delta, ledger, cache)``: epsilon of a ledger's rounds (each a tuple of mechanisms composed on one cohort); None for
-    the closed forms, which need one identical mechanism in every round and then use ``curve``.
+    ``curve(query: CurveQuery) -> CurveResult``: epsilon after the rounds ``query.T`` of one mechanism
+    (:func:`compute_curve`). How it composes a ledger's rounds (each a tuple of releases: per-round Mechanisms, the
+    releases of one round on one cohort composed first, or any other release with ``to_dp_event(relation)``):
+
+    * ``of_ledger(rounds, relation, delta) -> float``: stateless (``rdp``, ``basic``);
+    * ``ledger_accountant(pld_discretization) -> LedgerAccountant``: a state the ledger keeps (``pld``: its
+      composition cache and memory fallback, :class:`fedsim.privacy.certified.PldLedgerAccountant`);
+    * neither (the closed forms): the ledger must hold the same single mechanism in every round, and its epsilon is
+      ``curve`` at the number of rounds.
+
+    ``accepts_any_event``: whether its ledger composition takes releases other than Mechanisms (by their
+    dp-accounting events); only then is it suggested for such a ledger.
     """
 
     name: str
     kind: str
     description: str
-    curve: Callable[[_Query], _Result]
-    of_ledger: Callable[..., float] | None = None
+    curve: Callable[[CurveQuery], CurveResult]
+    of_ledger: Callable[[LedgerRounds, str, float], float] | None = None
+    ledger_accountant: Callable[[float], LedgerAccountant] | None = None
+    accepts_any_event: bool = False
+
+    @property
+    def composes_ledgers(self) -> bool:
+        """Whether it composes a heterogeneous ledger (else it needs the same single mechanism every round)."""
+        return self.of_ledger is not None or self.ledger_accountant is not None
+
+    def for_ledger(
+        self, pld_discretization: float = certified.DEFAULT_PLD_DISCRETIZATION
+    ) -> LedgerAccountant:
+        """A new :class:`LedgerAccountant` for one ledger (a :class:`fedsim.privacy.Ledger` keeps one per accountant
+        and PLD discretisation and hands it its rounds)."""
+        if self.ledger_accountant is not None:
+            return self.ledger_accountant(float(pld_discretization))
+        if self.of_ledger is not None:
+            return _FunctionLedgerAccountant(self.of_ledger)
+        return _CurveLedgerAccountant(self.name)
 
 
 def _rdp_curve(q: _Query) -> _Result:
@@ -304,23 +448,18 @@ def _basic_curve(q: _Query) -> _Result:
     return _Result(q.T * et, q.T * q_ds)
 
 
-def _rdp_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -> float:
+def _rdp_of_ledger(rounds: LedgerRounds, relation: str, delta: float) -> float:
     return certified.rdp_epsilon(rounds, relation, delta)
 
 
-def _basic_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -> float:
+def _basic_of_ledger(rounds: LedgerRounds, relation: str, delta: float) -> float:
+    _require_mechanisms("basic", rounds)
     mechs = [m for events in rounds for m in events]
     return float(sum(float(per_step_epsilon(m, delta / len(mechs))) for m in mechs))
 
 
-def _pld_of_ledger(rounds, relation: str, delta: float, ledger, cache: bool) -> float:
-    # the ledger composes its rounds incrementally (dp-accounting's compose) and raises PldTooLarge instead of
-    # exhausting memory
-    return ledger.pld_epsilon(rounds, relation, delta, cache)
-
-
 #: The one registry of accountants, by name: runs, the ledger, ``fedsim privacy``, calibration and the scenario
-#: schema all take their choices from it. A method is added here, and only here.
+#: schema all take their choices from it. A method is added here, or from outside with :func:`register_accountant`.
 ACCOUNTANTS: dict[str, Accountant] = {
     a.name: a
     for a in (
@@ -329,9 +468,17 @@ ACCOUNTANTS: dict[str, Accountant] = {
             "certified",
             "privacy loss distribution (dp-accounting), certified",
             _pld_curve,
-            _pld_of_ledger,
+            ledger_accountant=certified.PldLedgerAccountant,
+            accepts_any_event=True,
         ),
-        Accountant("rdp", "certified", "Renyi DP (dp-accounting), certified", _rdp_curve, _rdp_of_ledger),
+        Accountant(
+            "rdp",
+            "certified",
+            "Renyi DP (dp-accounting), certified",
+            _rdp_curve,
+            _rdp_of_ledger,
+            accepts_any_event=True,
+        ),
         Accountant(
             "igmm",
             "paper bound, not a certificate",
@@ -366,9 +513,65 @@ ACCOUNTANTS: dict[str, Accountant] = {
         ),
     )
 }
-CERTIFIED = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "certified")
-VALID_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "valid closed-form bound")
-PAPER_BOUNDS = frozenset(n for n, a in ACCOUNTANTS.items() if a.kind == "paper bound, not a certificate")
+
+
+def register_accountant(acc: Accountant, *, replace: bool = False) -> Accountant:
+    """Add ``acc`` to :data:`ACCOUNTANTS` (and so to :data:`CERTIFIED` / :data:`VALID_BOUNDS` /
+    :data:`PAPER_BOUNDS` by its kind): the ledger, :func:`compute_curve`, ``fedsim privacy`` and the scenario schema
+    accept its name from then on. A name registered already (to another accountant) is a ``ValueError`` unless
+    ``replace``. Returns ``acc``."""
+    if not isinstance(acc, Accountant):
+        raise TypeError(f"register_accountant takes a fedsim.privacy.accountants.Accountant, got {acc!r}")
+    if not isinstance(acc.name, str) or not acc.name or acc.name != acc.name.strip():
+        raise ValueError(
+            f"an accountant's name must be a non-empty string without surrounding spaces: {acc.name!r}"
+        )
+    if acc.kind not in KINDS:
+        raise ValueError(
+            f"accountant {acc.name!r}: kind={acc.kind!r} must be one of {', '.join(map(repr, KINDS))}"
+        )
+    for part in ("curve", "of_ledger", "ledger_accountant"):
+        fn = getattr(acc, part)
+        if (fn is not None or part == "curve") and not callable(fn):
+            raise TypeError(f"accountant {acc.name!r}: {part} must be callable, got {fn!r}")
+    if acc.name in ACCOUNTANTS and ACCOUNTANTS[acc.name] is not acc and not replace:
+        raise ValueError(
+            f"an accountant named {acc.name!r} is registered already ({', '.join(ACCOUNTANTS)}); "
+            "pass replace=True to replace it"
+        )
+    ACCOUNTANTS[acc.name] = acc
+    return acc
+
+
+class _MethodsOfKind(AbstractSet):
+    """The names of the registered accountants of one kind: a live, read-only set view of :data:`ACCOUNTANTS`
+    (it follows :func:`register_accountant`); compares equal to a set of the same names."""
+
+    def __init__(self, kind: str):
+        self._kind = kind
+
+    def __contains__(self, name: object) -> bool:
+        acc = ACCOUNTANTS.get(name) if isinstance(name, str) else None
+        return acc is not None and acc.kind == self._kind
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(accountant_names(self._kind))
+
+    def __len__(self) -> int:
+        return len(accountant_names(self._kind))
+
+    @classmethod
+    def _from_iterable(cls, it) -> frozenset:  # set operations (|, &, -) give a plain frozenset
+        return frozenset(it)
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(map(repr, self))}}}"
+
+
+#: the registered names by kind, live (a registration shows at once); ``frozenset(CERTIFIED)`` for a snapshot
+CERTIFIED: AbstractSet[str] = _MethodsOfKind(CERTIFIED_KIND)
+VALID_BOUNDS: AbstractSet[str] = _MethodsOfKind(VALID_BOUND_KIND)
+PAPER_BOUNDS: AbstractSet[str] = _MethodsOfKind(PAPER_BOUND_KIND)
 
 
 #: the status of every round of a non-private release (``noise_multiplier = 0`` or ``clip = 0``)
@@ -429,7 +632,7 @@ def compute_curve(
     if not mechanism.private:  # nothing to compose: an un-noised release is not private by any accountant
         status = _status_array(len(T), NOT_PRIVATE)
         inf = np.full(len(T), np.inf)
-        return EpsilonCurve(acc.name, inf, np.full(len(T), delta), status, acc.kind == "certified",
+        return EpsilonCurve(acc.name, inf, np.full(len(T), delta), status, acc.kind == CERTIFIED_KIND,
                             np.ones(len(T), dtype=bool), [NOT_PRIVATE_NOTE], {})  # fmt: skip
     r = acc.curve(q)
     eps = np.asarray(r.epsilon, dtype=float)
@@ -442,7 +645,7 @@ def compute_curve(
         eps,
         np.asarray(r.delta, dtype=float),
         status,
-        acc.kind == "certified",
+        acc.kind == CERTIFIED_KIND,
         exact,
         q.notes,
         q.details,

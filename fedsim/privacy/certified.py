@@ -15,6 +15,12 @@
 * A ledger that mixes add/remove rounds (Poisson, all) with replace-one rounds (fixed) is accounted
   under replace-one for every round (a Poisson round then uses dp-accounting's replace-one subsampled
   Gaussian PLD with the contribution bound ``clip``). RDP cannot do that mix and says so.
+* **Any other DP release** (a whole-run event such as a matrix-factorization mechanism, a bound on each client's
+  participations) is accounted through its own dp-accounting event: RDP by ``RdpAccountant.compose(event)``, PLD
+  by ``PLDAccountant.compose(event)`` whose PLD is composed with the rounds' PLDs (:func:`event_pld`). An event an
+  accountant does not support is a one-line :class:`PrivacyInputError` naming what it supports.
+* The ``pld`` accountant's state for a ledger (its composition cache, its fallback to RDP when a PLD would not fit
+  in memory) is :class:`PldLedgerAccountant`.
 
 PLD curves over many rounds are computed exactly at checkpoint rounds and every round in between
 reports the value at the next checkpoint (epsilon is non-decreasing in rounds, so this is an upper
@@ -28,6 +34,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,36 +46,60 @@ from .mechanism import Mechanism
 
 __all__ = [
     "DEFAULT_PLD_DISCRETIZATION",
+    "PldLedgerAccountant",
+    "PldTooLarge",
+    "event_pld",
+    "has_gaussian_pld",
     "ledger_relation",
     "pld_checkpoints",
     "pld_curve",
     "rdp_curve",
     "rdp_epsilon",
+    "release_pld",
     "round_pld",
+    "unsupported_event",
 ]
 
 DEFAULT_PLD_DISCRETIZATION = 1e-3
 
 
-def ledger_relation(mechanisms) -> str:
-    """The relation a set of rounds is accounted under: replace-one as soon as one round needs it."""
-    return "replace-one" if any(m.neighbouring == "replace-one" for m in mechanisms) else "add-remove"
+def ledger_relation(releases) -> str:
+    """The relation a set of releases (mechanisms or any other DP release with a ``neighbouring`` relation) is
+    accounted under: replace-one as soon as one release needs it."""
+    return "replace-one" if any(r.neighbouring == "replace-one" for r in releases) else "add-remove"
 
 
-def _pld_params(m: Mechanism, relation: str) -> tuple:
-    """(standard_deviation, sampling_prob, dp-accounting relation name) for ``m`` with sensitivity 1."""
-    if relation == "add-remove":
-        if m.neighbouring != "add-remove":
-            raise PrivacyInputError(
-                "relation", relation, "a fixed-size (replace-one) round needs replace-one"
-            )
-        return (m.noise_std / m.clip, m.q, "ADD_OR_REMOVE_ONE")
-    if m.sampling == "fixed":
-        return (m.noise_std / m.replace_sensitivity, m.q, "ADD_OR_REMOVE_ONE")
-    if m.sampling == "all":
-        return (m.noise_std / m.replace_sensitivity, 1.0, "ADD_OR_REMOVE_ONE")
-    # Poisson round under replace-one: dp-accounting's REPLACE pair shifts by +-clip.
-    return (m.noise_std / m.clip, m.q, "REPLACE_ONE")
+def has_gaussian_pld(release) -> bool:
+    """Whether ``release`` describes itself as one (sampled) Gaussian of sensitivity 1 (``pld_parameters``, as a
+    :class:`Mechanism` does): its PLD is then :func:`round_pld`, cached, and its size is checked before it is
+    built. Any other release is accounted through its dp-accounting event (:func:`event_pld`)."""
+    return callable(getattr(release, "pld_parameters", None))
+
+
+#: what dp-accounting's accountants compose (dp_accounting 0.4-0.6), for the message that refuses an event
+SUPPORTED_EVENTS = {
+    "pld": "dp-accounting's PLDAccountant composes Gaussian, Laplace, discrete Laplace, randomized-response, "
+    "mixture-of-Gaussians and Poisson-sampled Gaussian/Laplace events and their compositions",
+    "rdp": "dp-accounting's RdpAccountant composes Gaussian, zCDP, Laplace, Poisson-sampled (add/remove) and "
+    "sampled-without-replacement (replace-one) Gaussian, tree-aggregation, repeat-and-select events and their "
+    "compositions",
+}
+
+
+def unsupported_event(method: str, event, relation: str, exc: Exception | None = None) -> PrivacyInputError:
+    """The one-line :class:`PrivacyInputError` for an event dp-accounting's ``method`` accountant cannot compose
+    (its ``UnsupportedEventError``, or not a ``DpEvent`` at all)."""
+    why = ""
+    if exc is not None:
+        found = re.search(r"Error: \[(.*?)\] caused by subevent (\w+)", " ".join(str(exc).split()))
+        why = f" ({found.group(2)}: {found.group(1)})" if found else ""
+    alternative = {"pld": "rdp", "rdp": "pld"}.get(method)
+    return PrivacyInputError(
+        "method",
+        method,
+        f"cannot account {type(event).__name__} under {relation}{why}; {SUPPORTED_EVENTS.get(method, '')}"
+        + (f"; try method={alternative!r}" if alternative else ""),
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,8 +120,7 @@ def _pld_cached(std: float, q: float, relation: str, discretization: float):
 
 def round_pld(m: Mechanism, relation: str | None = None, discretization: float = DEFAULT_PLD_DISCRETIZATION):
     """dp-accounting PrivacyLossDistribution of ONE round of ``m`` (cached)."""
-    relation = relation or m.neighbouring
-    std, q, rel = _pld_params(m, relation)
+    std, q, rel = m.pld_parameters(relation or m.neighbouring)
     return _pld_cached(float(std), float(q), rel, float(discretization))
 
 
@@ -128,7 +159,7 @@ def check_pld_size(
             )
         count, spread2, worst = (
             count + 1,
-            spread2 + (1.0 / _pld_params(m, relation)[0]) ** 2,
+            spread2 + (1.0 / m.pld_parameters(relation)[0]) ** 2,
             max(worst, points),
         )
     composed = 16.0 * math.sqrt(spread2) / discretization + worst
@@ -143,7 +174,7 @@ def estimated_pld_points(
     """About how many grid points one round's PLD of ``m`` holds: the Gaussian's privacy losses span about
     ``(1 + 20 std) / std^2`` (dp-accounting keeps ~10 standard deviations of tail), divided by the grid step.
     Cheap: used to refuse a PLD before building it."""
-    std, _q, _rel = _pld_params(m, relation or m.neighbouring)
+    std, _q, _rel = m.pld_parameters(relation or m.neighbouring)
     return (1.0 + 20.0 * std) / (std * std) / discretization
 
 
@@ -156,10 +187,11 @@ def _relation(relation: str):
     }[relation]
 
 
-@functools.lru_cache(maxsize=4096)
-def _rdp_accountant_epsilon(events: tuple[tuple[Any, int], ...], relation: str, delta: float) -> float:
-    """dp-accounting's ``RdpAccountant`` composing each event ``count`` times, at ``delta`` (public API only)."""
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp  # as above
+def _rdp_compose(events: tuple[tuple[Any, int], ...], relation: str, delta: float) -> float:
+    """dp-accounting's ``RdpAccountant`` composing each event ``count`` times, at ``delta`` (public API only); an
+    event it does not support is a :class:`PrivacyInputError`."""
+    from dp_accounting import dp_event, privacy_accountant  # as above
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
@@ -167,21 +199,38 @@ def _rdp_accountant_epsilon(events: tuple[tuple[Any, int], ...], relation: str, 
     try:
         acc = rdp.RdpAccountant(neighboring_relation=_relation(relation))
         for event, count in events:
-            acc.compose(event, int(count))
+            if not isinstance(event, dp_event.DpEvent):
+                raise unsupported_event("rdp", event, relation)
+            try:
+                acc.compose(event, int(count))
+            except privacy_accountant.UnsupportedEventError as exc:
+                raise unsupported_event("rdp", event, relation, exc) from None
         return float(acc.get_epsilon(delta))
     finally:
         absl_logger.setLevel(level)
 
 
-def rdp_epsilon(rounds: Iterable[Iterable[Mechanism]], relation: str, delta: float) -> float:
-    """Epsilon at ``delta`` of ``rounds`` (each an iterable of mechanisms) by dp-accounting's RDP accountant under
-    ``relation``: every mechanism's event from :meth:`Mechanism.to_dp_event`, identical events composed as one
-    event with a count (RDP composition is additive, so this is exact)."""
+@functools.lru_cache(maxsize=4096)
+def _rdp_accountant_epsilon(events: tuple[tuple[Any, int], ...], relation: str, delta: float) -> float:
+    """:func:`_rdp_compose`, cached (the events are hashable)."""
+    return _rdp_compose(events, relation, delta)
+
+
+def rdp_epsilon(rounds: Iterable[Iterable[Any]], relation: str, delta: float) -> float:
+    """Epsilon at ``delta`` of ``rounds`` (each an iterable of releases: mechanisms or any release with
+    ``to_dp_event(relation)``) by dp-accounting's RDP accountant under ``relation``: identical events composed as
+    one event with a count (RDP composition is additive, so this is exact)."""
     counts: dict[Any, int] = {}
+    unhashable: list[tuple[Any, int]] = []  # e.g. a ComposedDpEvent (it holds a list)
     for events in rounds:
-        for m in events:
-            e = m.to_dp_event(relation)
-            counts[e] = counts.get(e, 0) + 1
+        for r in events:
+            e = r.to_dp_event(relation)
+            try:
+                counts[e] = counts.get(e, 0) + 1
+            except TypeError:
+                unhashable.append((e, 1))
+    if unhashable:
+        return _rdp_compose((*counts.items(), *unhashable), relation, float(delta))
     return _rdp_accountant_epsilon(tuple(counts.items()), relation, float(delta))
 
 
@@ -257,3 +306,146 @@ def pld_curve(
     exact = np.zeros(rounds, dtype=bool)
     exact[cps - 1] = True
     return curve, exact
+
+
+# ---------------------------------------------------------------------------------------------- any DP event
+@functools.lru_cache(maxsize=256)
+def _event_pld_cached(event, relation: str, discretization: float):
+    return _event_pld(event, relation, discretization)
+
+
+def _event_pld(event, relation: str, discretization: float):
+    from dp_accounting import dp_event, privacy_accountant  # loaded on first accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    if not isinstance(event, dp_event.DpEvent):
+        raise unsupported_event("pld", event, relation)
+    acc = pld_privacy_accountant.PLDAccountant(
+        _relation(relation), value_discretization_interval=discretization
+    )
+    try:
+        acc.compose(event)
+    except privacy_accountant.UnsupportedEventError as exc:
+        raise unsupported_event("pld", event, relation, exc) from None
+    # dp-accounting's PLDAccountant composes the event into a PrivacyLossDistribution that it keeps in ``_pld``
+    # (no public getter); the ledger composes that PLD with its rounds' PLDs (PrivacyLossDistribution.compose)
+    pld, non_private = getattr(acc, "_pld", None), getattr(acc, "_contains_non_dp_event", False)
+    if pld is None or not callable(getattr(pld, "compose", None)):
+        raise RuntimeError(
+            "this dp-accounting version keeps no PLDAccountant._pld: a ledger mixing mechanisms with other DP "
+            "events cannot be accounted with pld here; use method='rdp'"
+        )
+    return None if non_private else pld
+
+
+def event_pld(event, relation: str, discretization: float = DEFAULT_PLD_DISCRETIZATION):
+    """The dp-accounting ``PrivacyLossDistribution`` of any ``DpEvent`` (a whole-run event, a participation bound),
+    composed by dp-accounting's ``PLDAccountant(relation, discretization).compose(event)``; cached for hashable
+    events. None if the event contains a non-private event (epsilon is then infinite). An event the PLD accountant
+    does not support is a :class:`PrivacyInputError` naming what is."""
+    try:
+        hash(event)
+    except TypeError:  # e.g. a ComposedDpEvent (it holds a list): not cached
+        return _event_pld(event, relation, float(discretization))
+    return _event_pld_cached(event, relation, float(discretization))
+
+
+def release_pld(release, relation: str, discretization: float = DEFAULT_PLD_DISCRETIZATION):
+    """One release's PLD: :func:`round_pld` for a Gaussian one (:func:`has_gaussian_pld`: the numbers ``fedsim
+    privacy`` composes), else :func:`event_pld` of ``release.to_dp_event(relation)``."""
+    if has_gaussian_pld(release):
+        return round_pld(release, relation, discretization)
+    return event_pld(release.to_dp_event(relation), relation, discretization)
+
+
+class _NotPrivate(Exception):
+    """An event composed for the PLD held a dp-accounting ``NonPrivateDpEvent``."""
+
+
+class PldLedgerAccountant:
+    """The ``pld`` accountant's state for one ledger at one PLD discretisation: the composed PLD cache and the
+    memory fallback. A ledger holds one (:meth:`fedsim.privacy.accountants.Accountant.for_ledger`) and hands it its
+    rounds, each a tuple of releases composed on one cohort; it answers a number.
+
+    Cached: the composition of every round but the last, and the whole composition with the last round's releases;
+    a query after one more round reuses the latter as its prefix, so it costs one composition (dp-accounting's
+    ``PrivacyLossDistribution.compose``, the PLDs ``fedsim privacy`` composes too).
+
+    Instead of building a PLD that would not fit in memory (:class:`PldTooLarge`, :data:`MAX_PLD_POINTS`), the
+    query is answered with dp-accounting's RDP accountant, also a valid (usually looser) upper bound, so a run
+    over-reports rather than under-reports: one ``RuntimeWarning`` per accountant, and :attr:`fallback` says why
+    (None when the last query was answered with PLD).
+    """
+
+    name = "pld"
+
+    def __init__(self, discretization: float = DEFAULT_PLD_DISCRETIZATION):
+        self.discretization = float(discretization)
+        self._prefix: tuple | None = None  # (relation, n_rounds, last round's events, pld, size)
+        self._total: tuple | None = None  # the same for the last query's whole composition
+        self.fallback: str | None = None  # why the last query was answered with rdp (None: it was not)
+        self._warned = False
+
+    def epsilon(self, rounds, relation: str, delta: float, cache: bool = True) -> float:
+        try:
+            eps = self.pld_epsilon(rounds, relation, delta, cache)
+        except PldTooLarge as exc:
+            if not self._warned:
+                warnings.warn(
+                    f"PLD accounting is impractical here ({exc}); epsilon is reported with RDP "
+                    "(a valid, looser upper bound)",
+                    RuntimeWarning,
+                    stacklevel=4,  # the caller of Ledger.epsilon
+                )
+                self._warned = True
+            self.fallback = str(exc)
+            return float(rdp_epsilon(rounds, relation, delta))
+        except _NotPrivate:
+            eps = math.inf
+        self.fallback = None  # describes the last query only
+        return eps
+
+    def pld_epsilon(self, rounds, relation: str, delta: float, cache: bool = True) -> float:
+        """Compose the rounds' PLDs with dp-accounting (its public ``compose`` and ``get_epsilon_for_delta``) and
+        read epsilon off the result. Raises :class:`PldTooLarge` instead of building a PLD that would not fit."""
+        vdi = self.discretization
+        complete, last = rounds[:-1], rounds[-1]
+        acc, size = None, (0, 0.0, 0.0)
+        n0 = 0
+        for cached in (self._total, self._prefix):
+            # (relation, rounds covered, events of its last covered round, pld, its size estimate)
+            if cached is None or cached[0] != relation or cached[1] > len(complete) or cached[1] == 0:
+                continue
+            if cached[2] != rounds[cached[1] - 1]:
+                continue
+            n0, acc, size = cached[1], cached[3], cached[4]
+            break
+        # only the releases not yet composed are checked (the cache carries the size of the rest), so this check
+        # does not grow with the run; the composition is checked once, whole. Releases without a Gaussian PLD
+        # (other DP events) are built by dp-accounting's PLDAccountant and not estimated beforehand.
+        prefix_size = check_pld_size(
+            (m for events in complete[n0:] for m in events if has_gaussian_pld(m)),
+            relation,
+            vdi,
+            size,
+            whole=False,
+        )
+        total_size = check_pld_size((m for m in last if has_gaussian_pld(m)), relation, vdi, prefix_size)
+
+        def compose(acc, release):
+            p = release_pld(release, relation, vdi)
+            if p is None:
+                raise _NotPrivate
+            return p if acc is None else acc.compose(p)
+
+        for i in range(n0, len(complete)):
+            for m in complete[i]:
+                acc = compose(acc, m)
+        if cache and complete:
+            self._prefix = (relation, len(complete), complete[-1], acc, prefix_size)
+        total = acc
+        for m in last:
+            total = compose(total, m)
+        if cache:
+            self._total = (relation, len(rounds), last, total, total_size)
+        return float(total.get_epsilon_for_delta(delta))

@@ -28,10 +28,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fedsim.round.noise import NOISE_PLACEMENTS
-from fedsim.round.sampling import SAMPLINGS
-from fedsim.validation import PrivacyInputError, cohort, is_int, noise_and_clip, one_of, positive_finite
+from fedsim.round.sampling import REPLACE_ONE, Sampler, sampler_class
+from fedsim.validation import PrivacyInputError, is_int, noise_and_clip, one_of, positive_finite
 
-__all__ = ["NOISE_PLACEMENTS", "SAMPLINGS", "Mechanism", "compose_same_cohort"]
+__all__ = ["NOISE_PLACEMENTS", "Mechanism", "compose_same_cohort"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Mechanism:
     def __post_init__(self) -> None:
         if not is_int(self.population) or self.population < 1:
             raise PrivacyInputError("population", self.population, "must be an integer >= 1")
-        one_of("sampling", self.sampling, SAMPLINGS)
+        scheme = sampler_class(self.sampling)
         one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
         clip, z = noise_and_clip(self.clip, self.noise_multiplier)
         object.__setattr__(self, "clip", clip)
@@ -69,32 +69,26 @@ class Mechanism:
                     "diameter", self.diameter, f"must be in (0, 2*clip] = (0, {2 * self.clip:g}]"
                 )
             object.__setattr__(self, "diameter", d)
-        rate, cpr = cohort(self.sampling, self.sampling_rate, self.clients_per_round, self.population)
+        rate, cpr = scheme.check_cohort(self.sampling_rate, self.clients_per_round, self.population)
         object.__setattr__(self, "sampling_rate", rate)
         object.__setattr__(self, "clients_per_round", cpr)
 
     # ------------------------------------------------------------------ derived quantities
     @property
+    def scheme(self) -> type[Sampler]:
+        """The sampling scheme (:mod:`fedsim.round.sampling`): it owns ``q``, the expected cohort, the neighbouring
+        relation, the dp-accounting event and the PLD parameters of this round."""
+        return sampler_class(self.sampling)
+
+    @property
     def q(self) -> float:
         """Sampling probability: the rate (poisson), ``tau/population`` (fixed), 1 (all)."""
-        if self.sampling == "all":
-            return 1.0
-        if self.sampling_rate is not None:
-            return self.sampling_rate
-        return self.clients_per_round / self.population
+        return self.scheme.q(self)
 
     @property
     def tau(self) -> float:
         """Clients per round: ``tau`` (fixed), ``population`` (all), ``q*population`` (poisson)."""
-        if self.sampling == "fixed":
-            if self.clients_per_round is not None:
-                return self.clients_per_round
-            return int(round(self.sampling_rate * self.population))
-        if self.sampling == "all":
-            return self.population
-        if self.clients_per_round is not None:
-            return self.clients_per_round
-        return self.sampling_rate * self.population
+        return self.scheme.expected_cohort(self)
 
     @property
     def expected_cohort(self) -> float:
@@ -103,8 +97,8 @@ class Mechanism:
 
     @property
     def neighbouring(self) -> str:
-        """``"add-remove"`` (poisson, all) or ``"replace-one"`` (fixed)."""
-        return "replace-one" if self.sampling == "fixed" else "add-remove"
+        """``"add-remove"`` (poisson, all) or ``"replace-one"`` (fixed): the scheme's relation."""
+        return self.scheme.neighbouring
 
     @property
     def replace_sensitivity(self) -> float:
@@ -148,13 +142,14 @@ class Mechanism:
 
     # ------------------------------------------------------------------ conversions
     def to_dp_event(self, relation: str | None = None):
-        """The dp-accounting event of ONE round, under ``relation`` (default: :attr:`neighbouring`).
+        """The dp-accounting event of ONE round, under ``relation`` (default: :attr:`neighbouring`): a
+        ``GaussianDpEvent`` whose noise multiplier is relative to the sensitivity under ``relation`` (``clip``, or the
+        replace-one sensitivity ``D = 2*clip``), sampled as the scheme samples (:meth:`Sampler.dp_event`):
 
         * poisson: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add/remove, sensitivity clip);
         * fixed: ``SampledWithoutReplacementDpEvent(population, tau, GaussianDpEvent(z*clip/D))``
-          (replace-one; dp-accounting's noise multiplier is relative to the replace-one sensitivity
-          ``D = 2*clip``: with ``tau = population`` it is the Gaussian mechanism with sensitivity
-          ``2*clip``, which the test suite checks against the exact Gaussian);
+          (replace-one; with ``tau = population`` it is the Gaussian mechanism with sensitivity ``2*clip``, which
+          the test suite checks against the exact Gaussian);
         * all: ``GaussianDpEvent(z)``; under replace-one (a ledger that also holds fixed-size rounds)
           ``GaussianDpEvent(z*clip/D)``, the Gaussian with the replace-one sensitivity.
 
@@ -163,20 +158,17 @@ class Mechanism:
         from dp_accounting import dp_event  # dp-accounting is loaded on first accounting, not at import
 
         relation = relation or self.neighbouring
-        if relation == "replace-one" and self.sampling == "poisson":
-            raise PrivacyInputError(
-                "relation",
-                relation,
-                "a Poisson round has no dp-accounting event under replace-one (a ledger "
-                "mixing fixed-size and Poisson rounds): account it with method='pld'",
-            )
-        sensitivity = self.replace_sensitivity if relation == "replace-one" else self.clip
-        g = dp_event.GaussianDpEvent(self.noise_std / sensitivity)
-        if self.sampling == "poisson":
-            return dp_event.PoissonSampledDpEvent(self.q, g)
-        if self.sampling == "fixed":
-            return dp_event.SampledWithoutReplacementDpEvent(self.population, int(self.tau), g)
-        return g
+        sensitivity = self.replace_sensitivity if relation == REPLACE_ONE else self.clip
+        return self.scheme.dp_event(self, dp_event.GaussianDpEvent(self.noise_std / sensitivity), relation)
+
+    def pld_parameters(self, relation: str | None = None) -> tuple[float, float, str]:
+        """``(standard_deviation, sampling_prob, dp-accounting relation name)`` of one round's PLD with sensitivity 1
+        under ``relation`` (default: :attr:`neighbouring`), from the scheme (:meth:`Sampler.pld_parameters`)."""
+        return self.scheme.pld_parameters(self, relation or self.neighbouring)
+
+    def at_population(self, population: int) -> Mechanism:
+        """This mechanism over another population, keeping what was given (the rate, or the clients per round)."""
+        return self.scheme.at_population(self, int(population))
 
     def igmm_params(self) -> dict:
         """The papers' parameters: ``N``, ``tau``, ``sigma = z*clip/tau`` (noise on the average), ``D``."""

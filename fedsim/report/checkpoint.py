@@ -62,6 +62,7 @@ def write_checkpoint(
     for key in ("m", "v"):
         if opt.get(key) is not None:
             arrays[f"server_optimizer_{key}"] = np.asarray(opt[key], dtype=np.float64)
+    state = _arrays_out(state, arrays)  # e.g. a noise source's past draws
     meta = {
         "format": FORMAT,
         "round": int(round_),
@@ -94,6 +95,7 @@ def read_checkpoint(run_dir: Path, config_toml: str) -> Checkpoint:
                 k: np.array(z[f"server_optimizer_{k}"]) if f"server_optimizer_{k}" in z.files else None
                 for k in "mv"
             }
+            strategy = _arrays_in(dict(meta.get("strategy") or {}), z) if isinstance(meta, dict) else {}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, json.JSONDecodeError) as exc:
         raise CheckpointError(
             f"{path} is unreadable ({type(exc).__name__}: {exc}); nothing was changed"
@@ -109,7 +111,6 @@ def read_checkpoint(run_dir: Path, config_toml: str) -> Checkpoint:
         raise CheckpointError(f"{path} names round {round_!r}; nothing was changed")
     if not np.all(np.isfinite(weights)):
         raise CheckpointError(f"{path} holds a model with non-finite values; nothing was changed")
-    strategy = dict(meta.get("strategy") or {})
     strategy["server_optimizer"] = opt
     return Checkpoint(round_, weights, strategy)
 
@@ -141,3 +142,31 @@ def retarget_checkpoint(run_dir: Path, old_config_toml: str, new_config_toml: st
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+_ARRAY = "__array__"
+
+
+def _arrays_out(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """``value`` with every NumPy array moved into ``arrays`` (a ``.npy`` member, no pickle) and replaced by a
+    reference ``{"__array__": member}``: components keep any state they need (a noise source's past draws)."""
+    if isinstance(value, np.ndarray):
+        name = f"state_{len(arrays)}"
+        arrays[name] = value
+        return {_ARRAY: name}
+    if isinstance(value, dict):
+        return {k: _arrays_out(v, arrays) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_arrays_out(v, arrays) for v in value]
+    return value
+
+
+def _arrays_in(value: Any, members: Any) -> Any:
+    """Undo :func:`_arrays_out` with the checkpoint's members."""
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY}:
+            return np.array(members[value[_ARRAY]])
+        return {k: _arrays_in(v, members) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_arrays_in(v, members) for v in value]
+    return value

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .rundir import INFINITE, REASON_SUFFIX
+from .rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -65,7 +65,7 @@ ROW_TYPES: dict[str, Any] = {
     "paper_epsilon_igmm": (int, float),
     "paper_epsilon_igmm-corrected": (int, float),
     "generalization": dict,
-    "non_private": dict,
+    NON_PRIVATE: dict,
 }
 
 #: how a plot labels what epsilon does not cover (the rows' ``non_private``)
@@ -75,7 +75,7 @@ NON_PRIVATE_LABEL = "non-private diagnostic: epsilon does not cover it"
 LEDGER_POINTS = 24
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window; safe in workers and on servers without a display
@@ -330,7 +330,7 @@ def label_points(
 
 # ----------------------------------------------------------------------------------------------------- per run
 def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     delta = float(rows[-1]["delta"]) if rows else math.nan
@@ -419,15 +419,15 @@ def _per_round_with_gap(
 ) -> Figure:
     """A held-out and a training-client curve per round and, below, their gap (training-client values and the gap
     are non-private, and say so)."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(WIDTH, 6.2), sharex=True, height_ratios=[2, 1], layout="constrained"
     )
     held = _column(rows, held_key)
-    train = _column(rows, train_key, "non_private")
-    gap = _column(rows, gap_key, "non_private")
+    train = _column(rows, train_key, NON_PRIVATE)
+    gap = _column(rows, gap_key, NON_PRIVATE)
     for values, label, style in (
         (train, f"training clients ({NON_PRIVATE_LABEL})", "o-"),
         (held, "held-out clients (never trained on)", "s-"),
@@ -486,7 +486,7 @@ def figure_loss(run: dict[str, Any]) -> Figure:
 
 
 def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     eps = _column(rows, "epsilon")
@@ -544,13 +544,13 @@ def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
 
 
 def figure_generalization(run: dict[str, Any]) -> Figure:
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     a = _column(rows, "a", "generalization")
     b = _column(rows, "b", "generalization")
     status = [str((row.get("generalization") or {}).get("status", "n/a")) for row in rows]
-    gap = np.abs(_column(rows, "gap_loss", "non_private"))
+    gap = np.abs(_column(rows, "gap_loss", NON_PRIVATE))
     population = (rows[-1].get("generalization") or {}).get("population") if rows else None
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(WIDTH, 6.2), sharex=True, height_ratios=[2, 1], layout="constrained"
@@ -611,14 +611,14 @@ def has_attack(run: dict[str, Any]) -> bool:
 
 
 def _attack(row: dict[str, Any]) -> dict[str, Any]:
-    value = (row.get("non_private") or {}).get("attack")
+    value = (row.get(NON_PRIVATE) or {}).get("attack")
     return value if isinstance(value, dict) else {}
 
 
 def figure_attack(run: dict[str, Any]) -> Figure:
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     column = {
@@ -649,7 +649,7 @@ def figure_attack(run: dict[str, Any]) -> Figure:
     top.grid(True, alpha=0.3)
     _round_axis(top, r)
     _legend(top)
-    gap = _column(rows, "gap_loss", "non_private")
+    gap = _column(rows, "gap_loss", NON_PRIVATE)
     acc = column["accuracy"]
     ok = np.isfinite(gap) & np.isfinite(acc)
     if ok.any():
@@ -682,7 +682,7 @@ def has_agnostic(run: dict[str, Any]) -> bool:
 
 
 def figure_agnostic(run: dict[str, Any]) -> Figure:
-    plt = _pyplot()
+    plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     domains = max((len(row.get("lambda_used") or []) for row in rows), default=0)
@@ -698,7 +698,7 @@ def figure_agnostic(run: dict[str, Any]) -> Figure:
 
     sizes: dict[int, int] = {}
     for row in reversed(rows):  # domain sizes are public (the threat model): training plus held-out clients
-        train = (row.get("non_private") or {}).get("domains_train") or []
+        train = (row.get(NON_PRIVATE) or {}).get("domains_train") or []
         held = row.get("domains_heldout") or []
         if train or held:
             for d in range(domains):
@@ -780,7 +780,7 @@ def _save(fig: Any, path: Path) -> Path:
     ):  # the per-run figures use constrained layout (legends outside the axes)
         fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -809,7 +809,7 @@ def run_plots(run_dir: str | Path, *, from_ledger: bool = True) -> list[Path]:
 def overlay(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     """Held-out accuracy and certified epsilon per round of several runs, one line per run (a run that is not
     private has no epsilon curve, and its legend entry says so)."""
-    plt = _pyplot()
+    plt = pyplot()
     runs = [read_run(d) for d in run_dirs]
     names = _labels([run["path"] for run in runs])
     written = []

@@ -33,11 +33,12 @@ from fedsim.privacy.accountants import (
     method_kind,
 )
 from fedsim.privacy.errors import PrivacyInputError
-from fedsim.privacy.mechanism import SAMPLINGS, Mechanism
+from fedsim.privacy.mechanism import Mechanism
 from fedsim.privacy.paper.audit import audit_closed_forms
 from fedsim.privacy.paper.calibration import calibrate_noise
 from fedsim.privacy.paper.generalization import statement_curve
 from fedsim.report.rundir import json_safe
+from fedsim.round.sampling import sampling_names
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
 
@@ -63,7 +64,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--clients-per-round", type=int, help="clients per round (fixed) or expected (poisson)")
     g.add_argument("--sampling-rate", type=float, help="sampling probability q in (0, 1]")
-    p.add_argument("--sampling", default="poisson", help=f"one of {', '.join(SAMPLINGS)} (default poisson)")
+    p.add_argument(
+        "--sampling", default="poisson", help=f"one of {', '.join(sampling_names())} (default poisson)"
+    )
     p.add_argument(
         "--noise-multiplier",
         type=float,
@@ -250,11 +253,7 @@ def _table_cell(e: float, status: str) -> str:
 
 def _human(mech, T, delta, curves, cert_method, gen, audit, calibration, target) -> str:
     lines = []
-    samp = {
-        "poisson": f"Poisson q={mech.q:.4g}",
-        "fixed": f"fixed tau={mech.tau:g} (q={mech.q:.4g})",
-        "all": "everyone",
-    }[mech.sampling]
+    samp = mech.scheme.describe(mech)
     lines.append(
         f"population {mech.population}, {samp}, {mech.neighbouring}, clip {mech.clip:g}, "
         f"noise multiplier {mech.noise_multiplier:.4g} (std {mech.noise_std:.4g} on the sum, {mech.noise_placement}), "

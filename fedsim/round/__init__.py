@@ -13,10 +13,13 @@ on call order or worker count. With ``seed=None`` every value comes from the ope
 
 from .noise import (
     NOISE_PLACEMENTS,
+    NOISE_PURPOSES,
+    NOISE_SOURCES,
     NoiseSource,
-    gaussian_noise,
+    make_noise_source,
     noise_share_std,
     private_mean,
+    register_noise_source,
 )
 from .partial import FAILURES, PartialSum, bounded_value, clip_update, flatten, unflatten
 from .randomness import (
@@ -34,15 +37,26 @@ from .randomness import (
     make_rng,
     randomness_kind,
 )
-from .sampling import SAMPLERS, SAMPLINGS, Sampler, id_array, make_sampler, sample_cohort
+from .sampling import (
+    SAMPLERS,
+    Sampler,
+    check_cohort,
+    id_array,
+    make_sampler,
+    register_sampler,
+    sample_cohort,
+    sampler_class,
+    sampling_names,
+)
 
 __all__ = [
     "FAILURES",
     "NOISE_PLACEMENTS",
+    "NOISE_PURPOSES",
+    "NOISE_SOURCES",
     "OS_ENTROPY",
     "RANDOMNESS",
     "SAMPLERS",
-    "SAMPLINGS",
     "SEEDED",
     "STREAM_CLIENT",
     "STREAM_COUNT_NOISE",
@@ -56,15 +70,20 @@ __all__ = [
     "PartialSum",
     "Sampler",
     "bounded_value",
+    "check_cohort",
     "clip_update",
     "flatten",
-    "gaussian_noise",
     "id_array",
+    "make_noise_source",
     "make_rng",
     "make_sampler",
     "noise_share_std",
     "private_mean",
     "randomness_kind",
+    "register_noise_source",
+    "register_sampler",
     "sample_cohort",
+    "sampler_class",
+    "sampling_names",
     "unflatten",
 ]

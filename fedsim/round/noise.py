@@ -1,88 +1,168 @@
 """Noise: where it comes from (a pluggable noise source) and how it joins the clipped sum.
 
-The Gaussian noise on the **sum** of clipped updates has std ``noise_multiplier * clip``; the aggregate is divided
-by the **expected** cohort size, never the realised count (the realised count is data-dependent and would leak).
+The Gaussian noise on the **sum** of clipped updates has std ``noise_multiplier * clip`` (the round's
+:attr:`fedsim.privacy.Mechanism.noise_std`); the aggregate is divided by the **expected** cohort size, never the
+realised count (the realised count is data-dependent and would leak).
 
-A :class:`NoiseSource` draws every noise a round releases from its own stream per purpose
-(:mod:`fedsim.round.randomness`). :class:`NoiseSource` is independent across rounds; a mechanism whose
-round-``t`` noise combines earlier draws (matrix-factorisation / correlated noise) is another source that keeps
-those draws in its :meth:`NoiseSource.state_dict`, so that a checkpoint can save and restore it.
+A :class:`NoiseSource` provides every noise vector a round releases: :meth:`NoiseSource.noise` ``(round, purpose,
+size, std)`` serves the central noise on the model update (``"model"``), each client's share of distributed noise
+(``"share"``, with the client's id), the noised count of adaptive clipping (``"count"``) and agnostic FL's per-domain
+loss noise (``"loss"``). :class:`NoiseSource` itself is independent Gaussian noise, each purpose from its own stream
+(:mod:`fedsim.round.randomness`), seeded or from the operating system's entropy. A mechanism whose round-``t`` noise
+combines earlier draws (tree aggregation, banded matrix factorisation, buffered Toeplitz noise) is a subclass that
+overrides :meth:`NoiseSource.noise` for the purposes it correlates and keeps its past draws or buffers in
+:meth:`NoiseSource.extra_state` (arrays allowed: a checkpoint saves them), registered in :data:`NOISE_SOURCES`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .partial import PartialSum
-from .randomness import SeededState, make_rng, randomness_kind
+from .randomness import (
+    STREAM_COUNT_NOISE,
+    STREAM_LOSS_NOISE,
+    STREAM_NOISE,
+    STREAM_NOISE_SHARE,
+    SeededState,
+    make_component,
+    make_rng,
+    randomness_kind,
+    register_component,
+)
 
 NOISE_PLACEMENTS = ("central", "distributed")
+
+#: what a noise vector is for -> its stream (independent generators for independent purposes)
+NOISE_PURPOSES: dict[str, int] = {
+    "model": STREAM_NOISE,
+    "share": STREAM_NOISE_SHARE,
+    "count": STREAM_COUNT_NOISE,
+    "loss": STREAM_LOSS_NOISE,
+}
 
 
 @dataclass
 class NoiseSource(SeededState):
-    """Independent Gaussian noise per round and purpose. ``seed=None``: the operating system's entropy."""
+    """Independent Gaussian noise per round and purpose. ``seed=None``: the operating system's entropy.
+
+    Subclasses (correlated noise across rounds) override :meth:`noise` and keep what they need in
+    :meth:`extra_state` / :meth:`load_extra_state`; :meth:`for_clients` is what the clients' shares are drawn from
+    (by default this source itself, which is small enough to ship to every worker)."""
 
     seed: int | None = None
-    name = "gaussian"
+    name: ClassVar[str] = "independent"
+    #: names this source's state was saved under before (checkpoints of earlier versions)
+    aliases: ClassVar[tuple[str, ...]] = ("gaussian",)
 
     @property
     def randomness(self) -> str:
         return randomness_kind(self.seed)
 
     def rng(self, round_: int, stream: int, *extra: int) -> Any:
+        """The generator of ``stream`` in round ``round_`` (also for non-noise draws, such as the clients picked for
+        federated evaluation)."""
         return make_rng(self.seed, round_, stream, *extra)
 
-    def normal(self, round_: int, stream: int, std: float, size: int | None = None) -> Any:
-        """``N(0, std^2)`` draws (a float when ``size`` is None) for ``stream`` of round ``round_``."""
-        return self.rng(round_, stream).normal(0.0, std, size=size)
+    def noise(
+        self, round_: int, purpose: str, size: int | None, std: Any, *, client: int | None = None
+    ) -> Any:
+        """``N(0, std^2)`` for ``purpose`` in round ``round_``: an array of ``size`` draws (a float when ``size`` is
+        None); ``std`` may be an array of per-coordinate stds (one stream: a client's share and its count noise).
+        ``client``: a client's own stream (its noise share). A zero ``std`` gives zeros and draws nothing."""
+        stream = NOISE_PURPOSES.get(purpose)
+        if stream is None:
+            raise ValueError(f"unknown noise purpose {purpose!r}; allowed: {', '.join(NOISE_PURPOSES)}")
+        if not np.any(np.asarray(std) > 0):
+            return 0.0 if size is None else np.zeros(size)
+        extra = () if client is None else (int(client),)
+        return self.rng(round_, stream, *extra).normal(0.0, std, size=size)
+
+    def for_clients(self) -> NoiseSource:
+        """The source the clients' noise shares come from (shipped to the workers with the round's plan)."""
+        return self
+
+    def extra_state(self) -> dict[str, Any]:
+        """State beyond the name and seed (past draws, buffers; NumPy arrays allowed) that a checkpoint must save to
+        continue the same noise."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **self.extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") in self.aliases:
+            state = {**state, "name": self.name}
+        super().load_state_dict(state)
+        self.load_extra_state({k: v for k, v in state.items() if k not in ("name", "seed")})
 
 
-def gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
-    return rng.normal(0.0, std, size=dim) if std > 0 else np.zeros(dim)
+#: The registry of noise mechanisms, by name (:func:`register_noise_source`); ``privacy.mechanism`` in a scenario.
+NOISE_SOURCES: dict[str, type[NoiseSource]] = {}
 
 
-def noise_share_std(noise_multiplier: float, clip: float, shares: float) -> float:
-    """Distributed noise: the std each sampled client adds so that ``shares`` of them sum to
-    ``N(0, (z*clip)^2)``. ``shares`` is the **expected** cohort size, a public parameter, never the realised one:
-    a share computed from the realised cohort would tell every sampled client how many were sampled (under
-    Poisson sampling that count is not covered by epsilon). The server tops up the shares below ``shares`` that
-    did not arrive (see :func:`private_mean`), so the total never falls below the accounted noise; a realised
-    cohort larger than expected adds more noise than accounted (never less)."""
-    return noise_multiplier * clip / math.sqrt(shares) if shares > 0 else 0.0
+def register_noise_source(cls: type[NoiseSource], *, replace: bool = False) -> type[NoiseSource]:
+    """Add a noise mechanism (a :class:`NoiseSource` subclass with a ``name``); usable as a class decorator."""
+    return register_component(NOISE_SOURCES, cls, NoiseSource, replace=replace)
+
+
+register_noise_source(NoiseSource)
+
+
+def make_noise_source(noise: Any, seed: int | None) -> NoiseSource:
+    """A noise source: a registered mechanism's name, or a :class:`NoiseSource` object (used as it is; ``seed`` must
+    then agree with its own seed or be None)."""
+    return make_component(NOISE_SOURCES, noise, seed, "mechanism", NoiseSource)
+
+
+def noise_share_std(mechanism: Any) -> float:
+    """Distributed noise: the std each sampled client adds so that ``expected_cohort`` of them sum to
+    ``N(0, noise_std^2)`` (``mechanism``: the release the shares make up, a :class:`fedsim.privacy.Mechanism`).
+    The expected cohort is a public parameter, never the realised one: a share computed from the realised cohort
+    would tell every sampled client how many were sampled (under Poisson sampling that count is not covered by
+    epsilon). The server tops up the shares below it that did not arrive (see :func:`private_mean`), so the total
+    never falls below the accounted noise; a realised cohort larger than expected adds more noise than accounted
+    (never less)."""
+    shares = mechanism.expected_cohort
+    return mechanism.noise_std / math.sqrt(shares) if shares > 0 else 0.0
 
 
 def private_mean(
     partial: PartialSum,
+    mechanism: Any,
+    noise: NoiseSource,
+    round_: int,
     *,
-    clip: float,
-    noise_multiplier: float,
-    expected_cohort: float,
-    rng: np.random.Generator,
-    noise_placement: str = "central",
+    denominator: float | None = None,
 ) -> tuple[np.ndarray, float]:
-    """``(sum of clipped updates + N(0, (z*clip)^2 I)) / expected_cohort``.
+    """``(sum of clipped updates + N(0, noise_std^2 I)) / denominator`` for the release ``mechanism`` (a
+    :class:`fedsim.privacy.Mechanism`: its ``noise_std``, ``expected_cohort`` and ``noise_placement``), the noise from
+    ``noise`` (purpose ``"model"``) for round ``round_``. ``denominator``: default the expected cohort.
 
     Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each sampled client
-    that replied added a share of variance ``(z*clip)^2/expected_cohort`` (:func:`noise_share_std`); the server adds
+    that replied added a share of variance ``noise_std^2/expected_cohort`` (:func:`noise_share_std`); the server adds
     the shares missing below ``expected_cohort`` (clients that were not sampled, did not reply or were rejected),
-    so the total noise variance is at least ``(z*clip)^2`` in every case.
+    so the total noise variance is at least ``noise_std^2`` in every case.
     """
-    if expected_cohort <= 0:
-        raise ValueError(f"expected_cohort must be > 0, got {expected_cohort}")
-    full_var = (noise_multiplier * clip) ** 2 if noise_multiplier > 0 else 0.0  # z = 0 (clip may be inf)
-    if noise_placement == "central":
+    expected = mechanism.expected_cohort
+    denominator = expected if denominator is None else denominator
+    if expected <= 0 or denominator <= 0:
+        raise ValueError(f"expected_cohort must be > 0, got {expected}")
+    full_var = mechanism.noise_std**2 if mechanism.noise_multiplier > 0 else 0.0  # z = 0 (clip may be inf)
+    placement = mechanism.noise_placement
+    if placement == "central":
         server_var = full_var
-    elif noise_placement == "distributed":
-        server_var = full_var * max(expected_cohort - partial.noise_shares, 0.0) / expected_cohort
+    elif placement == "distributed":
+        server_var = full_var * max(expected - partial.noise_shares, 0.0) / expected
     else:
-        raise ValueError(
-            f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {noise_placement!r}"
-        )
+        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {placement!r}")
     std = math.sqrt(server_var)
-    noised = partial.total + gaussian_noise(partial.dim, std, rng)
-    return noised / expected_cohort, std
+    noised = partial.total + noise.noise(round_, "model", partial.dim, std)
+    return noised / denominator, std

@@ -109,6 +109,36 @@ class SeededState:
         self.seed = state.get("seed")
 
 
+def register_component(registry: dict[str, Any], cls: Any, base: type, *, replace: bool = False) -> Any:
+    """Add ``cls``, a subclass of ``base`` (a sampler, a noise source) with a non-empty ``name``, to ``registry``;
+    a name registered already to another class is a ``ValueError`` unless ``replace``."""
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"only a {base.__name__} subclass can be registered, got {cls!r}")
+    if not isinstance(cls.name, str) or not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be a non-empty string")
+    if cls.name in registry and registry[cls.name] is not cls and not replace:
+        raise ValueError(
+            f"a {base.__name__} named {cls.name!r} is registered already ({', '.join(registry)}); "
+            "pass replace=True to replace it"
+        )
+    registry[cls.name] = cls
+    return cls
+
+
+def make_component(registry: dict[str, Any], value: Any, seed: int | None, field: str, base: type) -> Any:
+    """``value`` if it is a ``base`` object (its seed must then agree with ``seed``, or ``seed`` be None), else the
+    registered class ``value`` names, built with ``seed``; an unknown name names the registered ones."""
+    from fedsim.validation import one_of
+
+    if isinstance(value, base):
+        if seed is not None and value.seed != seed:
+            raise ValueError(
+                f"the {base.__name__} object has seed {value.seed!r}, the strategy seed {seed!r}: give one"
+            )
+        return value
+    return registry[one_of(field, value, tuple(registry))](seed)
+
+
 def randomness_kind(seed: int | None) -> str:
     """``"seeded"`` or ``"os-entropy"``: what :func:`make_rng` draws from for this seed."""
     return OS_ENTROPY if seed is None else SEEDED

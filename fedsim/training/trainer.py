@@ -22,13 +22,31 @@ import torch
 from torch import nn
 
 from fedsim.factories import build_model, describe, per_example, resolve_loss
-from fedsim.round import STREAM_NOISE_SHARE, PartialSum, bounded_value, clip_update, make_rng
+from fedsim.round import NoiseSource, PartialSum, bounded_value, clip_update
 
 from .layers import DropoutMasks, client_dropout, dropout_layers
 from .shuffle import client_orders
 from .vectorized import TrainingPath, choose_path, chunk_plan, train_chunk
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """What training a round's clients needs, for a caller that holds no server plan: a deployed ClientApp, which
+    reads the clip and its noise shares from the server's message, checked against its own node's policy.
+
+    The trainer reads these attributes of whatever plan it is given; in simulation that is the server's
+    :class:`fedsim.strategies.RoundPlan`, whose clip and noise shares all come from its mechanism."""
+
+    round: int
+    cohort: Any
+    clip: float
+    noise_share_std: float = 0.0
+    count_share_std: float = 0.0
+    noise: NoiseSource | None = None
+    client_weights: dict[int, float] | None = None
+    loss_bound: float | None = None
 
 
 @dataclass(frozen=True)
@@ -225,46 +243,29 @@ class ClientTrainer:
         return update, metrics
 
     def train(
-        self,
-        server_round: int,
-        client_ids: list[int] | np.ndarray,
-        weights: np.ndarray,
-        clip: float,
-        noise_share_std: float = 0.0,
-        client_weights: dict[int, float] | None = None,
-        loss_bound: float | None = None,
-        *,
-        noise_seed: int | None = None,
-        count_share_std: float = 0.0,
+        self, plan: Any, weights: np.ndarray, client_ids: list[int] | np.ndarray | None = None
     ) -> tuple[PartialSum, list[dict[str, Any]]]:
-        """Train ``client_ids`` from ``weights``; return the sum of their clipped updates and their metrics.
+        """Train ``client_ids`` (default: the plan's cohort) from ``weights`` for round ``plan.round``; return the
+        sum of their clipped updates and their metrics, in the order of ``client_ids``.
 
-        With ``noise_share_std > 0`` (distributed noise) each client clips its update and adds its own
-        Gaussian share before the update leaves the client; the partial sum then holds noised updates. The shares
-        come from ``(noise_seed, round, client)`` (simulation) or, with ``noise_seed=None``, from the operating
-        system's entropy (deployment). ``count_share_std > 0`` (adaptive clipping with distributed noise): each
-        client also noises its unclipped bit (``partial.unclipped_noised``).
-        ``client_weights``: per-client aggregation weights (agnostic FL); ``loss_bound``: also compute each
-        client's loss of the *global* model, per example clipped to ``[0, loss_bound]`` and divided by it (so
-        in [0, 1]), and accumulate the sums per domain in ``partial.extras`` (``domain_loss``, ``domain_count``).
+        ``plan`` is the round's plan (:class:`fedsim.strategies.RoundPlan`, or a :class:`ClientPlan`): ``clip``;
+        ``noise_share_std > 0`` (distributed noise): each client clips its update and adds its own Gaussian share,
+        drawn from ``plan.noise`` (purpose ``"share"``, the client's own stream; seeded in simulation, the
+        operating system's entropy in deployment), before the update leaves the client, and the partial sum then
+        holds noised updates; ``count_share_std > 0`` (adaptive clipping with distributed noise): each client also
+        noises its unclipped bit (``partial.unclipped_noised``); ``client_weights``: per-client aggregation weights
+        (agnostic FL); ``loss_bound``: also compute each client's loss of the *global* model, per example clipped
+        to ``[0, loss_bound]`` and divided by it (so in [0, 1]), and accumulate the sums per domain in
+        ``partial.extras`` (``domain_loss``, ``domain_count``).
 
         A client fails alone (:meth:`train_stream`): an exception in its training, a non-finite update or loss
         rejects it (counted in ``partial.failures``, contributing zero) and the others are trained. Its metrics
         then hold ``failed`` (the reason) and ``error`` instead of ``train_loss``.
         """
+        client_ids = plan.cohort if client_ids is None else client_ids
         metrics: list[dict[str, Any]] = []
         partial = PartialSum(self.dim)
-        for unit, new in self.train_stream(
-            server_round,
-            client_ids,
-            weights,
-            clip,
-            noise_share_std,
-            client_weights,
-            loss_bound,
-            noise_seed=noise_seed,
-            count_share_std=count_share_std,
-        ):
+        for unit, new in self.train_stream(plan, weights, client_ids):
             partial.merge(unit)
             metrics.extend(new)
         position = {int(c): i for i, c in enumerate(client_ids)}
@@ -272,17 +273,7 @@ class ClientTrainer:
         return partial, metrics
 
     def train_stream(
-        self,
-        server_round: int,
-        client_ids: list[int] | np.ndarray,
-        weights: np.ndarray,
-        clip: float,
-        noise_share_std: float = 0.0,
-        client_weights: dict[int, float] | None = None,
-        loss_bound: float | None = None,
-        *,
-        noise_seed: int | None = None,
-        count_share_std: float = 0.0,
+        self, plan: Any, weights: np.ndarray, client_ids: list[int] | np.ndarray | None = None
     ) -> Iterator[tuple[PartialSum, list[dict[str, Any]]]]:
         """:meth:`train` as it goes: yields ``(partial, metrics)`` for each unit of work (one client on the loop,
         one chunk when vectorised; first, with a ``loss_bound``, the clients whose loss failed). ``partial`` holds
@@ -290,8 +281,9 @@ class ClientTrainer:
         knows exactly which clients are in what it received (a Ray worker that dies or times out mid-round:
         :class:`fedsim.engine.ray_engine.RayEngine`). Merging the partials in order gives, bit for bit, the sum
         of adding every client to one partial: each unit's sum enters the total in one addition either way."""
+        server_round, loss_bound = int(plan.round), plan.loss_bound
         global_w = self._global(weights)
-        cids = [int(c) for c in client_ids]
+        cids = [int(c) for c in (plan.cohort if client_ids is None else client_ids)]
         losses: dict[int, float] = {}
         if loss_bound is not None:
             self._load(global_w)
@@ -310,6 +302,7 @@ class ClientTrainer:
             cids = kept
             if new:
                 yield failed, new
+        distributed = plan.noise_share_std > 0
         for results in self._units(server_round, cids, global_w):
             partial, new = PartialSum(self.dim), []
             for update, m in results:
@@ -317,20 +310,14 @@ class ClientTrainer:
                     partial.reject(reason=m["failed"])
                     new.append(m)
                 elif isinstance(update, torch.Tensor) and update.ndim == 2:  # a vectorised chunk
-                    if noise_share_std > 0:  # each client noises its own update: row by row
+                    if distributed:  # each client noises its own update: row by row
                         for row, mi in enumerate(m):
-                            self._add_one(
-                                partial, update[row], mi, clip, server_round, noise_share_std, client_weights,
-                                noise_seed, count_share_std,
-                            )  # fmt: skip
+                            self._add_one(partial, update[row], mi, plan)
                     else:  # summed on the device: only the sum and the norms leave it
-                        self._add_chunk(partial, update, m, clip, client_weights)
+                        self._add_chunk(partial, update, m, plan.clip, plan.client_weights)
                     new.extend(m)
                 else:
-                    self._add_one(
-                        partial, update, m, clip, server_round, noise_share_std, client_weights, noise_seed,
-                        count_share_std,
-                    )  # fmt: skip
+                    self._add_one(partial, update, m, plan)
                     new.append(m)
             if losses:  # the losses of the clients whose update was accepted join the per-domain sums
                 self._domain_losses(partial, new, losses)
@@ -401,37 +388,39 @@ class ClientTrainer:
             if not math.isfinite(norm):
                 m["failed"] = "non_finite"
 
-    def _add_one(
-        self,
-        partial: PartialSum,
-        update: torch.Tensor,
-        m: dict[str, Any],
-        clip: float,
-        server_round: int,
-        noise_share_std: float,
-        client_weights: dict[int, float] | None,
-        noise_seed: int | None,
-        count_share_std: float,
-    ) -> None:
-        if noise_share_std > 0:
+    def _add_one(self, partial: PartialSum, update: torch.Tensor, m: dict[str, Any], plan: Any) -> None:
+        clip, share_std = plan.clip, plan.noise_share_std
+        if share_std > 0:
             clipped, norm, finite = clip_update(update.double(), clip)
             if finite:
-                rng = make_rng(noise_seed, server_round, STREAM_NOISE_SHARE, m["client"])
-                share = rng.normal(0.0, noise_share_std, size=self.dim)
+                share, count_noise = self._shares(plan, m["client"], share_std)
                 partial.add(clipped.cpu().numpy() + share, clip, already_clipped_and_noised=True)
                 partial.unclipped += int(norm <= clip)
                 partial.norms.append(norm)
-                if count_share_std > 0:
-                    partial.add_noised_count(int(norm <= clip) + rng.normal(0.0, count_share_std))
+                if count_noise is not None:
+                    partial.add_noised_count(int(norm <= clip) + count_noise)
             else:
                 partial.reject(reason="non_finite")
                 m["failed"] = "non_finite"
         else:
-            w = 1.0 if client_weights is None else float(client_weights[m["client"]])
+            w = 1.0 if plan.client_weights is None else float(plan.client_weights[m["client"]])
             norm = partial.add(update, clip, weight=w)
             if not math.isfinite(norm):
                 m["failed"] = "non_finite"
         m["update_norm"] = norm
+
+    def _shares(self, plan: Any, cid: int, share_std: float) -> tuple[np.ndarray, float | None]:
+        """Client ``cid``'s noise share of the model update and, with adaptive clipping, of its unclipped bit: one
+        draw from the client's own stream of ``plan.noise`` (the bit's noise follows the update's)."""
+        if plan.noise is None:
+            raise ValueError("distributed noise needs the plan's noise source (plan.noise)")
+        count_std = plan.count_share_std
+        if count_std <= 0:
+            return plan.noise.noise(plan.round, "share", self.dim, share_std, client=cid), None
+        std = np.full(self.dim + 1, share_std)
+        std[-1] = count_std
+        draw = plan.noise.noise(plan.round, "share", self.dim + 1, std, client=cid)
+        return draw[:-1], float(draw[-1])
 
     def _domain_losses(
         self, partial: PartialSum, metrics: list[dict[str, Any]], losses: dict[int, float]

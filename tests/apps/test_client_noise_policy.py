@@ -151,20 +151,13 @@ def test_the_share_std_reveals_only_public_parameters_under_poisson_sampling():
     plans = [strategy.begin_round(t, range(200)) for t in range(1, 30)]
     assert len({int(p.cohort.size) for p in plans}) > 3  # the realised cohorts differ
     assert {p.noise_share_std for p in plans} == {1.0 / math.sqrt(200 * 0.1)}
-    from fedsim.round import PartialSum, make_rng, private_mean
+    from fedsim.round import NoiseSource, PartialSum, private_mean
 
     small = PartialSum(50_000)
     rng = np.random.default_rng(1)
     for _ in range(15):  # 15 shares arrived, 20 expected: the server adds 5 shares' worth
         small.add(rng.normal(0, plans[0].noise_share_std, small.dim), 1.0, already_clipped_and_noised=True)
-    mean, server_std = private_mean(
-        small,
-        clip=1.0,
-        noise_multiplier=1.0,
-        expected_cohort=20.0,
-        rng=make_rng(0, 1, 2),
-        noise_placement="distributed",
-    )
+    mean, server_std = private_mean(small, plans[0].mechanism, NoiseSource(0), 1)
     assert server_std == pytest.approx(math.sqrt(5 / 20))
     assert np.std(mean * 20) == pytest.approx(1.0, rel=0.02)  # z * clip in total
 

@@ -27,7 +27,7 @@ def test_unknown_scenario_lists_the_available_ones():
 @pytest.mark.parametrize(
     "override, field, allowed",
     [
-        ("privacy.sampling=uniform", "privacy.sampling", "'poisson', 'fixed' or 'all'"),
+        ("privacy.sampling=uniform", "privacy.sampling", "must be one of poisson, fixed, all"),
         ("privacy.noise_multiplier=-1", "privacy.noise_multiplier", "greater than or equal to 0"),
         ("privacy.sampling_rate=1.5", "privacy.sampling_rate", "less than or equal to 1"),
         ("rounds=0", "rounds", "greater than or equal to 1"),

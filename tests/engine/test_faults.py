@@ -198,7 +198,10 @@ def test_ray_one_clients_fault_never_changes_another_clients_contribution(tmp_pa
     engine = RayEngine(exp.data, exp.settings, num_workers=2, num_cpus=1.0, round_timeout_s=4.0)
     try:
         assert {info["pid"] for info in engine.infos}
-        plan = dataclasses.replace(exp.strategy.begin_round(1, exp.train_ids), clip=clip)
+        plan = exp.strategy.begin_round(1, exp.train_ids)
+        plan = dataclasses.replace(
+            plan, mechanism=plan.mechanism.replace(clip=clip)
+        )  # the clip is the mechanism's
         ref, ref_metrics = engine.train(dataclasses.replace(plan, cohort=good), exp.initial_weights)
         assert ref.failures == {} and ref.count == good.size
         assert all(

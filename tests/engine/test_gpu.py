@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.training.trainer import ClientPlan
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -46,10 +48,10 @@ def test_trainer_on_cuda_matches_cpu(data, model, vectorize):
     s = _settings(model, vectorize)
     w = initial_weights(s, data.input_shape, data.num_classes)
     cids = np.arange(0, 200, 9)
-    cpu, m_cpu = ClientTrainer(data, s, device="cpu").train(2, cids, w, clip=1.0)
+    cpu, m_cpu = ClientTrainer(data, s, device="cpu").train(ClientPlan(2, cids, 1.0), w)
     gpu_trainer = ClientTrainer(data, s, device="cuda")
     assert next(gpu_trainer.model.parameters()).is_cuda
-    gpu, m_gpu = gpu_trainer.train(2, cids, w, clip=1.0)
+    gpu, m_gpu = gpu_trainer.train(ClientPlan(2, cids, 1.0), w)
     assert gpu.count == cpu.count == cids.size and gpu.rejected == 0
     np.testing.assert_allclose(gpu.total, cpu.total, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(
@@ -65,10 +67,12 @@ def test_conv2d_cnn_per_layer_on_cuda_matches_the_cpu_loop():
     s = _settings("cnn2d", vectorize="per-layer")
     w = initial_weights(s, d.input_shape, d.num_classes)
     cids = np.arange(0, 30, 2)
-    loop = ClientTrainer(d, _settings("cnn2d", vectorize=False), device="cpu").train(1, cids, w, clip=0.7)[0]
+    loop = ClientTrainer(d, _settings("cnn2d", vectorize=False), device="cpu").train(
+        ClientPlan(1, cids, 0.7), w
+    )[0]
     gpu = ClientTrainer(d, s, device="cuda")
     assert gpu.path.name == "per-layer"
-    vec = gpu.train(1, cids, w, clip=0.7)[0]
+    vec = gpu.train(ClientPlan(1, cids, 0.7), w)[0]
     np.testing.assert_allclose(vec.total, loop.total, rtol=1e-3, atol=1e-4)
 
 
@@ -82,8 +86,10 @@ def test_cnn_vectorized_on_cuda_matches_the_cpu_loop():
     s = _settings("cnn1d", vectorize=True)
     w = initial_weights(s, d.input_shape, d.num_classes)
     cids = np.arange(0, 40, 3)
-    loop = ClientTrainer(d, _settings("cnn1d", vectorize=False), device="cpu").train(1, cids, w, clip=0.7)[0]
-    vec = ClientTrainer(d, s, device="cuda").train(1, cids, w, clip=0.7)[0]
+    loop = ClientTrainer(d, _settings("cnn1d", vectorize=False), device="cpu").train(
+        ClientPlan(1, cids, 0.7), w
+    )[0]
+    vec = ClientTrainer(d, s, device="cuda").train(ClientPlan(1, cids, 0.7), w)[0]
     np.testing.assert_allclose(vec.total, loop.total, rtol=1e-3, atol=1e-4)
 
 
@@ -112,9 +118,7 @@ def test_ray_actors_with_fractional_gpus_train_on_cuda_and_match_cpu(data):
 
     w = initial_weights(s, data.input_shape, data.num_classes)
 
-    class Plan:
-        round, clip, noise_share_std, client_weights, loss_bound = 3, 1.0, 0.0, None, None
-        cohort = np.arange(0, 200, 2)
+    Plan = ClientPlan(3, np.arange(0, 200, 2), 1.0)
 
     ref, _ = LocalEngine(data, s, device="cpu").train(Plan, w)
     engine = RayEngine(data, s, num_workers=4, num_cpus=1.0, num_gpus=0.25)

@@ -140,7 +140,7 @@ def test_round_axes_have_integer_ticks_and_legends_cover_no_data(runs, kind):
         assert page.x0 <= box.x0 and box.x1 <= page.x1 + 1 and page.y0 <= box.y0 and box.y1 <= page.y1 + 1, (
             kind
         )
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_the_attack_plot_colours_rounds_with_integer_ticks_and_says_it_is_non_private(runs):
@@ -154,7 +154,7 @@ def test_the_attack_plot_colours_rounds_with_integer_ticks_and_says_it_is_non_pr
     assert any(t.startswith("attack accuracy, best threshold") and "non-private" in t for t in texts), texts
     assert any("attack AUC" in t and "non-private" in t for t in texts), texts
     assert fig.axes[1].get_xlabel().startswith("generalization gap in loss")
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 @pytest.mark.parametrize("kind", ["accuracy", "loss"])
@@ -173,7 +173,7 @@ def test_accuracy_and_loss_curves_label_the_training_clients_and_the_gap_non_pri
         rows = _run(runs, "private")["rows"]
         held = next(line for line in top.get_lines() if "held-out" in line.get_label())
         assert np.allclose(held.get_ydata(), [r["heldout_loss"] for r in rows])
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_a_sweep_runs_title_names_its_setting_in_full_and_fits(runs):
@@ -186,7 +186,7 @@ def test_a_sweep_runs_title_names_its_setting_in_full_and_fits(runs):
         assert f"run: {SWEEP_NAME}/seed0" in title.get_text().replace("\n", ""), kind  # wrapped, never cut
         box, page = title.get_window_extent(renderer), fig.bbox
         assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, (kind, box, page)
-        plots._pyplot().close(fig)
+        plots.pyplot().close(fig)
 
 
 def test_a_long_name_wraps_at_its_commas_and_keeps_every_character():
@@ -207,23 +207,23 @@ def test_a_non_private_run_says_its_epsilon_is_infinite_instead_of_an_empty_log_
     said = " ".join(t.get_text().replace("\n", " ") for t in ax.texts)
     assert "not private (noise_multiplier = 0): epsilon is infinite at every round" in said
     assert all(float(t).is_integer() for t in ax.get_xticks() if 0.5 <= t <= 3.5)
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
     fig = plots.figure_accuracy_vs_epsilon(run)  # no point at infinity, and it says so
     ax = fig.axes[0]
     assert not any(len(line.get_xdata()) for line in ax.get_lines()) and not ax.collections
     said = " ".join(t.get_text().replace("\n", " ") for t in ax.texts)
     assert "epsilon is infinite at every round" in said and "never drawn at an infinite epsilon" in said
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
     fig = plots.figure_accuracy(run)  # the non-private labels stay, and the title says the run is not private
     texts = _texts(fig)
     assert any(t.startswith("training clients") and "non-private" in t for t in texts)
     assert "not private (noise_multiplier = 0)" in fig.axes[0].get_title()
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
     fig = plots.figure_generalization(run)
     assert any("Theorem 1 gives no statement" in t for t in _texts(fig))
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_a_partly_infinite_epsilon_draws_the_finite_points_and_counts_the_others():
@@ -236,7 +236,7 @@ def test_a_partly_infinite_epsilon_draws_the_finite_points_and_counts_the_others
     ax = fig.axes[0]
     assert list(ax.get_lines()[0].get_xdata()) == [1.0, 2.0, 3.0]
     assert any("2 evaluated round(s) with an infinite epsilon: not drawn" in t for t in _texts(fig))
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_point_labels_never_overlap():
@@ -252,7 +252,7 @@ def test_point_labels_never_overlap():
     boxes = [t.get_window_extent(renderer) for t in ax.texts]
     assert 2 <= len(boxes) < 60 and {"1", "60"} <= {t.get_text() for t in ax.texts}
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_the_agnostic_plot_draws_lambda_and_the_noised_losses_per_domain(runs):
@@ -271,7 +271,7 @@ def test_the_agnostic_plot_draws_lambda_and_the_noised_losses_per_domain(runs):
     for ax in (lam, noised, held):
         lo, hi = ax.get_xlim()
         assert all(float(t).is_integer() for t in ax.get_xticks() if lo <= t <= hi)
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_overlays_say_which_run_has_no_epsilon_curve(runs, tmp_path):

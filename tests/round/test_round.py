@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from fedsim.round import (
+    NoiseSource,
     PartialSum,
     clip_update,
     flatten,
@@ -106,10 +107,18 @@ def test_partial_sums_merge_to_the_whole():
     assert np.allclose(a.total, whole.total) and a.count == whole.count == 10
 
 
+def _mech(population: int, z: float, clip: float, placement: str = "central", **cohort):
+    from fedsim.privacy import Mechanism
+
+    return Mechanism(
+        population=population, clip=clip, noise_multiplier=z, noise_placement=placement, **cohort
+    )
+
+
 def test_noise_std_measured_over_many_draws():
     dim, z, clip, m = 200_000, 1.3, 0.7, 10.0
     p = PartialSum(dim)
-    mean, std = private_mean(p, clip=clip, noise_multiplier=z, expected_cohort=m, rng=make_rng(1, 1, 2))
+    mean, std = private_mean(p, _mech(100, z, clip, clients_per_round=10), NoiseSource(1), 1)
     assert std == pytest.approx(z * clip)
     # noise on the mean is N(0, (z*clip/m)^2); with 2e5 draws the sample std is within 1%
     assert np.std(mean) == pytest.approx(z * clip / m, rel=0.01)
@@ -120,39 +129,26 @@ def test_divides_by_expected_not_realised_cohort():
     p = PartialSum(2)
     p.add(np.array([1.0, 0.0]), 1.0)
     p.add(np.array([1.0, 0.0]), 1.0)
-    mean, _ = private_mean(p, clip=1.0, noise_multiplier=1e-12, expected_cohort=8.0, rng=make_rng(0, 0, 2))
+    mean, _ = private_mean(p, _mech(100, 1e-12, 1.0, clients_per_round=8), NoiseSource(0), 0)
     assert mean[0] == pytest.approx(2.0 / 8.0)
 
 
 def test_distributed_noise_totals_the_central_noise_and_tops_up_missing_shares():
     dim, z, clip, n = 100_000, 1.0, 1.0, 4
-    share = noise_share_std(z, clip, n)
+    mech = _mech(100, z, clip, "distributed", clients_per_round=n)
+    share = noise_share_std(mech)
     assert share**2 * n == pytest.approx((z * clip) ** 2)
     rng = np.random.default_rng(0)
     full = PartialSum(dim)
     for _ in range(n):
         full.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
-    _, server_std = private_mean(
-        full,
-        clip=clip,
-        noise_multiplier=z,
-        expected_cohort=n,
-        rng=make_rng(0, 0, 2),
-        noise_placement="distributed",
-    )
+    _, server_std = private_mean(full, mech, NoiseSource(0), 0)
     assert server_std == 0.0
     assert np.std(full.total) == pytest.approx(z * clip, rel=0.02)
     half = PartialSum(dim)
     for _ in range(n // 2):
         half.add(rng.normal(0, share, dim), clip, already_clipped_and_noised=True)
-    mean, server_std = private_mean(
-        half,
-        clip=clip,
-        noise_multiplier=z,
-        expected_cohort=n,
-        rng=make_rng(0, 0, 2),
-        noise_placement="distributed",
-    )
+    mean, server_std = private_mean(half, mech, NoiseSource(0), 0)
     assert server_std == pytest.approx(z * clip * math.sqrt(0.5))
     assert np.std(mean * n) == pytest.approx(z * clip, rel=0.02)
 
@@ -213,7 +209,7 @@ def test_add_batch_rejects_wrong_shapes():
 
 def test_sampler_and_noise_source_state_round_trips_and_continues_the_same_draws():
     from fedsim.privacy import Mechanism
-    from fedsim.round import STREAM_NOISE, NoiseSource, make_sampler
+    from fedsim.round import NoiseSource, make_sampler
 
     m = Mechanism(population=50, sampling="fixed", clients_per_round=5)
     sampler, noise = make_sampler("fixed", 7), NoiseSource(7)
@@ -222,9 +218,10 @@ def test_sampler_and_noise_source_state_round_trips_and_continues_the_same_draws
     restored_noise.load_state_dict(noise.state_dict())
     for t in (1, 2, 9):
         assert np.array_equal(sampler.sample(t, range(50), m), restored_sampler.sample(t, range(50), m))
-        assert np.array_equal(
-            noise.normal(t, STREAM_NOISE, 1.0, 4), restored_noise.normal(t, STREAM_NOISE, 1.0, 4)
-        )
+        assert np.array_equal(noise.noise(t, "model", 4, 1.0), restored_noise.noise(t, "model", 4, 1.0))
+    # a checkpoint written before the source was renamed 'independent' still loads
+    restored_noise.load_state_dict({"name": "gaussian", "seed": 7})
+    assert restored_noise.seed == 7
     with pytest.raises(ValueError, match="cannot be loaded"):
         make_sampler("poisson", 0).load_state_dict(sampler.state_dict())
     with pytest.raises(ValueError, match="same population"):

@@ -18,6 +18,7 @@ from fedsim.privacy import Ledger
 from fedsim.round import PartialSum, bounded_value
 from fedsim.round import randomness as rnd
 from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg
+from fedsim.training.trainer import ClientPlan
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ def test_a_non_finite_loss_in_the_engine_path_rejects_the_client():
     trainer.bounded_loss = lambda cid, bound, weights=None: (
         math.nan if cid == ids[0] else real(cid, bound, weights)
     )
-    partial, metrics = trainer.train(1, ids, w, 1.0, loss_bound=math.log(10))
+    partial, metrics = trainer.train(ClientPlan(1, ids, 1.0, loss_bound=math.log(10)), w)
     assert partial.rejected == 1 and partial.count == 3 and partial.failures == {"non_finite": 1}
     assert [m["client"] for m in metrics] == ids and metrics[0]["failed"] == "non_finite"
     assert all("failed" not in m for m in metrics[1:])

@@ -12,7 +12,7 @@ from fedsim.data import build_federated_data
 from fedsim.factories import cross_entropy
 from fedsim.models import build_model
 from fedsim.training.layers import RULES, StackedModel, Unsupported, plan
-from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 from fedsim.training.vectorized import choose_path, train_vectorized
 
 
@@ -107,7 +107,7 @@ def test_the_partial_sum_is_the_same_whichever_path_trains(digits):
     for path in ("per-layer", "vmap", "loop"):
         t = ClientTrainer(digits, _settings("user_models:cnn", path), device="cpu")
         w = initial_weights(t.settings, digits.input_shape, digits.num_classes)
-        partial, metrics = t.train(2, cids, w, clip=0.5)
+        partial, metrics = t.train(ClientPlan(2, cids, 0.5), w)
         assert {m["trainer"] for m in metrics} == {path}
         totals[path] = np.asarray(partial.total)
     np.testing.assert_allclose(totals["per-layer"], totals["loop"], rtol=1e-4, atol=1e-5)

@@ -7,7 +7,7 @@ import torch
 
 from fedsim.data import build_federated_data
 from fedsim.models import MODEL_FACTORIES
-from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 from fedsim.training.vectorized import train_vectorized
 
 
@@ -92,9 +92,9 @@ def test_trainer_vectorize_flag_gives_the_same_partial_sum(digits):
     )
     w = initial_weights(settings, digits.input_shape, digits.num_classes)
     cids = np.arange(0, 30, 3)
-    loop, mloop = ClientTrainer(digits, settings, device="cpu").train(1, cids, w, clip=0.5)
+    loop, mloop = ClientTrainer(digits, settings, device="cpu").train(ClientPlan(1, cids, 0.5), w)
     vec_settings = TrainSettings(**{**settings.__dict__, "vectorize": True})
-    vec, mvec = ClientTrainer(digits, vec_settings, device="cpu").train(1, cids, w, clip=0.5)
+    vec, mvec = ClientTrainer(digits, vec_settings, device="cpu").train(ClientPlan(1, cids, 0.5), w)
     assert vec.count == loop.count == cids.size
     assert np.abs(vec.total - loop.total).max() < 1e-5
     assert [m["client"] for m in mvec] == [m["client"] for m in mloop]

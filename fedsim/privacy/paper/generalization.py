@@ -365,11 +365,7 @@ def min_population(
     """
 
     def mech_at(n: int):
-        return (
-            mechanism.replace(population=n)
-            if mechanism.sampling_rate is not None or mechanism.sampling == "all"
-            else mechanism.replace(population=n, clients_per_round=mechanism.clients_per_round)
-        )
+        return mechanism.at_population(n)  # the sampling scheme keeps what was given: the rate or the cohort
 
     def eps_at(n: int) -> float:
         return float(compute_curve(mech_at(n), rounds, delta, method).epsilon[-1])
@@ -377,8 +373,8 @@ def min_population(
     def ok(n: int) -> bool:
         return generalization_statement(eps_at(n), delta, n, version)["status"] == "ok"
 
-    lo = max(1, int(mechanism.clients_per_round or 1)) if mechanism.sampling == "fixed" else 1
-    if mechanism.sampling_rate is not None or mechanism.sampling == "all":
+    lo = mechanism.scheme.min_population(mechanism)
+    if mechanism.scheme.rate_is_fixed(mechanism):
         nm = generalization_statement(eps_at(mechanism.population), delta, mechanism.population, version)[
             "n_min"
         ]

@@ -1,0 +1,134 @@
+"""The engine registry: ``engine.name`` -> what trains a scenario's cohorts.
+
+The scenario schema (:mod:`fedsim.scenarios`) reads it to validate ``engine.name`` (:func:`check_engine_name`),
+and :func:`fedsim.engine.runner.run_scenario` starts the engine it names. The schema sits below the engines, so
+this module imports none of them: an entry names its target as ``"package.module:attribute"``, imported only when
+the engine is resolved (importing this module imports neither Ray nor Flower).
+
+Two kinds of engine are registered:
+
+* an engine the round loop drives (``drives_loop=False``): the target is a factory
+  ``start(scenario, data, settings) -> Engine`` (:class:`fedsim.loop.Engine`), or an object (a class) whose
+  ``start`` attribute is one; :func:`fedsim.loop.run_rounds` then calls its ``train``, ``evaluate`` and ``close``;
+* an engine that drives the round loop itself (``drives_loop=True``), inside a host such as Flower's ServerApp:
+  the target has ``run_scenario(scenario, *, on_row, writer) -> RunResult``, which builds the experiment, runs
+  every round through :func:`fedsim.loop.run_rounds` and writes the rows through ``writer``. Such a run cannot be
+  given an engine object nor be resumed from a checkpoint.
+
+A new engine is one module plus ``register_engine("name", "package.module:Factory", "what it is")`` (or the
+factory itself), called before the scenario is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One registered engine: its ``engine.name``, its ``target`` (a ``"module:attribute"`` reference, resolved on
+    first use, or the object itself), a one-line ``description`` and whether it ``drives_loop`` (see the module
+    docstring)."""
+
+    name: str
+    target: str | Callable[..., Any] | Any
+    description: str = ""
+    drives_loop: bool = False
+
+    def resolve(self) -> Any:
+        """The target object (imported now when it is a reference)."""
+        if not isinstance(self.target, str):
+            return self.target
+        module, sep, attr = self.target.partition(":")
+        if not sep or not module or not attr:
+            raise ValueError(
+                f"engine {self.name!r}: target {self.target!r} is not a 'package.module:attribute' reference"
+            )
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+#: ``engine.name`` -> its entry, in registration order (the shipped engines first)
+ENGINES: dict[str, EngineEntry] = {}
+
+
+def register_engine(
+    name: str,
+    target: str | Callable[..., Any] | Any,
+    description: str = "",
+    *,
+    drives_loop: bool = False,
+    replace: bool = False,
+) -> EngineEntry:
+    """Register an engine under ``name`` (what a scenario's ``engine.name`` then accepts); returns its entry.
+
+    ``target``: ``"package.module:attribute"`` (imported when the engine is first used) or the object itself:
+    a factory ``start(scenario, data, settings) -> Engine``, or an object whose ``start`` is one; with
+    ``drives_loop=True``, an object with ``run_scenario(scenario, *, on_row, writer) -> RunResult``.
+    A name registered already is a ``ValueError`` unless ``replace=True``."""
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(
+            f"an engine name must be a non-empty string without surrounding spaces, got {name!r}"
+        )
+    if isinstance(target, str) and ":" not in target:
+        raise ValueError(f"engine {name!r}: target {target!r} is not a 'package.module:attribute' reference")
+    if name in ENGINES and not replace:
+        raise ValueError(
+            f"engine {name!r} is registered already (registered: {_listed()}); "
+            "pass replace=True to register it again"
+        )
+    entry = EngineEntry(name, target, description, drives_loop)
+    ENGINES[name] = entry
+    return entry
+
+
+def engine_names() -> tuple[str, ...]:
+    """The registered engine names, in registration order: what ``engine.name`` accepts."""
+    return tuple(ENGINES)
+
+
+def check_engine_name(name: Any) -> str:
+    """``name`` if it is a registered engine, else a ``ValueError`` that lists the registered ones (the schema's
+    check of ``engine.name``)."""
+    if isinstance(name, str) and name in ENGINES:
+        return name
+    raise ValueError(
+        f"engine.name={name!r} is not a registered engine; registered: {_listed()} "
+        "(fedsim.registry.register_engine adds one)"
+    )
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """The entry of engine ``name`` (a ``ValueError`` listing the registered ones if there is none)."""
+    return ENGINES[check_engine_name(name)]
+
+
+def resolve_engine(name: str) -> Any:
+    """The target of engine ``name``, imported: its factory (or factory holder), or with ``drives_loop`` the object
+    whose ``run_scenario`` runs a scenario."""
+    return engine_entry(name).resolve()
+
+
+def _listed() -> str:
+    return ", ".join(map(repr, ENGINES))
+
+
+register_engine(
+    "ray",
+    "fedsim.engine.ray_engine:RayEngine",
+    "a pool of Ray actors, on this machine or on the Ray cluster at engine.ray_address",
+)
+register_engine(
+    "local", "fedsim.engine.local_engine:LocalEngine", "every client in this process, one at a time"
+)
+register_engine(
+    "flower",
+    "fedsim.engine.flower_engine:FlowerEngine",
+    "Flower's Simulation Engine: the round loop runs inside Flower's ServerApp, one virtual SuperNode per client",
+    drives_loop=True,
+)
