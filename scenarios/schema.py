@@ -264,7 +264,7 @@ class PrivacyConfig(_Section):
 
     @model_validator(mode="after")
     def _cohort(self) -> PrivacyConfig:
-        # the library's rule (fedsim.validation.cohort), so a scenario and the API refuse the same values
+        # the sampling scheme's own rule (Sampler.check_cohort), so a scenario and the API refuse the same values
         check_cohort(self.sampling, self.sampling_rate, self.clients_per_round)
         noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
         baseline_combinations(

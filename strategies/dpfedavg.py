@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -34,16 +34,17 @@ from fedsim.privacy import Ledger, Mechanism
 from fedsim.privacy.accountants import CERTIFIED
 from fedsim.report.rundir import NON_PRIVATE
 from fedsim.round import (
+    CLIP_COUNT,
     NOISE_PLACEMENTS,
     STREAM_EVALUATION,
     NoiseSource,
     PartialSum,
+    RoundPlan,
     Sampler,
     bounded_value,
     id_array,
     make_noise_source,
     make_sampler,
-    noise_share_std,
     private_mean,
     randomness_kind,
 )
@@ -85,10 +86,6 @@ def check_distributed_noise(noise_placement: str, opted_in: bool, opt_in: str) -
     )
 
 
-#: the name of adaptive clipping's release (the noised count of unclipped updates) in a round's releases
-CLIP_COUNT = "clip-count"
-
-
 class BudgetExhausted(PrivacyBudgetExhausted):
     """Raised before a round whose release would take the certified epsilon above ``max_epsilon``.
 
@@ -119,57 +116,6 @@ class AdaptiveClipping:
             raise ValueError(f"adaptive clipping learning_rate must be > 0, got {self.learning_rate}")
         if self.count_noise_multiplier is not None and self.count_noise_multiplier <= 0:
             raise ValueError(f"count_noise_multiplier must be > 0, got {self.count_noise_multiplier}")
-
-
-@dataclass
-class RoundPlan:
-    """What the server decided before a round: who trains and what the round releases. The one object that goes
-    from the strategy through the engine to the trainer.
-
-    ``mechanism`` (the model release) is the only source of the round's clip and noise std; ``releases`` are every
-    release of the round, each on the round's cohort (the model first); ``noise`` is where the clients' noise shares
-    come from (distributed noise; seeded in simulation, the operating system otherwise)."""
-
-    round: int
-    cohort: np.ndarray
-    mechanism: Mechanism
-    releases: list[tuple[str, Mechanism]] = field(default_factory=list)
-    noise: NoiseSource | None = None
-    client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
-    loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
-
-    @property
-    def population(self) -> int:
-        return self.mechanism.population
-
-    @property
-    def clip(self) -> float:
-        """The clip applied to every update this round (``inf``: no clipping, the plain-FedAvg baseline)."""
-        return self.mechanism.clip if self.mechanism.clip > 0 else math.inf
-
-    def release(self, name: str) -> Mechanism | None:
-        return next((m for n, m in self.releases if n == name), None)
-
-    def share_std(self, name: str = "model") -> float:
-        """Distributed noise: the std of each sampled client's share of release ``name`` (0: central noise)."""
-        m = self.mechanism if name == "model" else self.release(name)
-        return noise_share_std(m) if m is not None and m.noise_placement == "distributed" else 0.0
-
-    @property
-    def noise_share_std(self) -> float:
-        """Each client's share of the model update's noise (0 with central noise)."""
-        return self.share_std("model")
-
-    @property
-    def count_share_std(self) -> float:
-        """Distributed noise with adaptive clipping: each client's share of the noise on its unclipped bit."""
-        return self.share_std(CLIP_COUNT)
-
-    def sampled(self, client: int) -> bool:
-        """Whether ``client`` is in this round's cohort."""
-        if not hasattr(self, "_members"):
-            self._members = frozenset(int(c) for c in self.cohort)
-        return int(client) in self._members
 
 
 class DPFedAvg(Strategy):
@@ -407,8 +353,10 @@ class DPFedAvg(Strategy):
                 f"spent so far: epsilon={self.epsilon():.4g} after {self.ledger.rounds} rounds"
             )
         cohort = self.sampler.sample(server_round, ids, model)
-        # distributed noise: the shares are split over the expected cohort (public), never the realised one
-        return RoundPlan(server_round, cohort, model, releases, noise=self.noise.for_clients())
+        # distributed noise: the clients draw their shares (split over the expected cohort, which is public, never the
+        # realised one) from the source's client side; with central noise nothing of the source leaves the server
+        shares = self.noise.for_clients() if self.noise_placement == "distributed" else None
+        return RoundPlan(server_round, cohort, model, releases, noise=shares)
 
     def finish_round(
         self,

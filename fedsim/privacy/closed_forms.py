@@ -50,7 +50,6 @@ to ``1-(1-q delta_step)^T`` and the rest to the optimal-composition term; for ba
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import bdtr
 
 __all__ = [
     "calibrate_step_delta",
@@ -221,6 +220,10 @@ def optimal_composition_delta(eps, T, eps_prime, delta=0.0):
         has = Lmax >= 0
         k_int = np.maximum(np.nan_to_num(Lmax, nan=0.0, posinf=0.0, neginf=0.0), 0).astype(np.int64)
         n_int = np.round(T).astype(np.int64)
+        from scipy.special import (
+            bdtr,  # scipy on first use: Ray workers import fedsim.privacy with every plan
+        )
+
         px = np.where(has, bdtr(k_int, n_int, p_small), 0.0)
         py = np.where(has, bdtr(k_int, n_int, 1.0 - p_small), 0.0)
         ey = np.where(py > 0, np.exp(eps_prime + np.log(np.where(py > 0, py, 1.0))), 0.0)

@@ -12,7 +12,6 @@ Everything here is vectorised over numpy arrays and works in log space so that d
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import log_ndtr
 
 __all__ = [
     "amplify_epsilon",
@@ -28,6 +27,8 @@ def gaussian_log_delta(eps, r):
     eps = np.asarray(eps, dtype=float)
     r = np.asarray(r, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        from scipy.special import log_ndtr  # on first use (see closed_forms)
+
         la = log_ndtr(r / 2.0 - eps / r)
         lb = log_ndtr(-r / 2.0 - eps / r)
         diff = eps + lb - la  # < 0 always (the profile is positive)
@@ -65,6 +66,8 @@ def gaussian_epsilon(delta, r, iterations: int = 12):
     x = hi.copy()
     with np.errstate(all="ignore"):
         for _ in range(iterations):
+            from scipy.special import log_ndtr  # on first use (see closed_forms)
+
             la = log_ndtr(r / 2.0 - x / r)
             lb = log_ndtr(-r / 2.0 - x / r)
             ld = la + np.log(-np.expm1(np.minimum(x + lb - la, -1e-300)))

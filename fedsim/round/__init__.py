@@ -22,6 +22,7 @@ from .noise import (
     register_noise_source,
 )
 from .partial import FAILURES, PartialSum, bounded_value, clip_update, flatten, unflatten
+from .plan import CLIP_COUNT, RoundPlan
 from .randomness import (
     OS_ENTROPY,
     RANDOMNESS,
@@ -50,6 +51,7 @@ from .sampling import (
 )
 
 __all__ = [
+    "CLIP_COUNT",
     "FAILURES",
     "NOISE_PLACEMENTS",
     "NOISE_PURPOSES",
@@ -68,6 +70,7 @@ __all__ = [
     "NoiseSource",
     "OsEntropyGenerator",
     "PartialSum",
+    "RoundPlan",
     "Sampler",
     "bounded_value",
     "check_cohort",

@@ -56,7 +56,7 @@ class NoiseSource(SeededState):
 
     seed: int | None = None
     name: ClassVar[str] = "independent"
-    #: names this source's state was saved under before (checkpoints of earlier versions)
+    #: names this class's state was saved under before (checkpoints of earlier versions; not inherited)
     aliases: ClassVar[tuple[str, ...]] = ("gaussian",)
 
     @property
@@ -83,25 +83,14 @@ class NoiseSource(SeededState):
         return self.rng(round_, stream, *extra).normal(0.0, std, size=size)
 
     def for_clients(self) -> NoiseSource:
-        """The source the clients' noise shares come from (shipped to the workers with the round's plan)."""
+        """The source the clients' noise shares come from (with distributed noise, shipped to the workers with the
+        round's plan: a source holding large buffers returns a light one here)."""
         return self
 
-    def extra_state(self) -> dict[str, Any]:
-        """State beyond the name and seed (past draws, buffers; NumPy arrays allowed) that a checkpoint must save to
-        continue the same noise."""
-        return {}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`extra_state`."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), **self.extra_state()}
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") in self.aliases:
+        if state.get("name") in type(self).__dict__.get("aliases", ()):
             state = {**state, "name": self.name}
         super().load_state_dict(state)
-        self.load_extra_state({k: v for k, v in state.items() if k not in ("name", "seed")})
 
 
 #: The registry of noise mechanisms, by name (:func:`register_noise_source`); ``privacy.mechanism`` in a scenario.

@@ -92,21 +92,32 @@ def make_rng(seed: int | None, round_: int, stream: int, *extra: int) -> Any:
 
 
 class SeededState:
-    """State a checkpoint saves for a counter-based component (a sampler, a noise source): its name and seed.
+    """State a checkpoint saves for a component of the round (a sampler, a noise source): its name, its seed, and
+    whatever else it keeps (:meth:`extra_state`).
 
-    Every draw is a function of ``(seed, round, stream)``, so the seed is all there is to restore; a component
-    that keeps earlier draws (correlated noise across rounds) extends :meth:`state_dict`."""
+    Every draw of the shipped components is a function of ``(seed, round, stream)``, so the seed is all there is to
+    restore; a component that keeps earlier draws (correlated noise across rounds) or history (a participation
+    schedule) returns it from :meth:`extra_state` (JSON values and NumPy arrays: a checkpoint saves the arrays as
+    ``.npy`` members) and takes it back in :meth:`load_extra_state`."""
 
     name: str = ""
     seed: int | None
 
+    def extra_state(self) -> dict[str, Any]:
+        """State beyond the name and the seed that a checkpoint must save to continue the same draws."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`."""
+
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed}
+        return {"name": self.name, "seed": self.seed, **self.extra_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"state of {state.get('name')!r} cannot be loaded into {self.name!r}")
         self.seed = state.get("seed")
+        self.load_extra_state({k: v for k, v in state.items() if k not in ("name", "seed")})
 
 
 def register_component(registry: dict[str, Any], cls: Any, base: type, *, replace: bool = False) -> Any:
