@@ -90,7 +90,8 @@ def arrays_from_result(
             f"{where}: y has shape {y.shape} and dtype {y.dtype}: allowed integer labels, one per row of x "
             f"({x.shape[0]})"
         )
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    # token ids and other integer inputs stay integers (an nn.Embedding needs them); anything else is float32
+    x = np.ascontiguousarray(x, dtype=np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32)
     if not np.isfinite(x).all():
         raise ValueError(f"{where}: x holds NaN or infinite values")
     if y.size and y.min() < 0:

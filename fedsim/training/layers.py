@@ -9,7 +9,8 @@ the rules here are registered per layer type (:func:`register`), found by walkin
 ``named_modules()``; no rule knows a model's class or its parameter names.
 
 * Layers with parameters: Linear (batched matrix products), Conv1d/Conv2d/Conv3d (one grouped convolution
-  with K groups), LayerNorm and GroupNorm (the normalisation is per example; the affine part per client).
+  with K groups), LayerNorm and GroupNorm (the normalisation is per example; the affine part per client), Embedding
+  (one lookup in the clients' tables stacked end to end).
 * Parameter-free layers that act on each example alone (activations, Flatten, pooling, ...) need no rule:
   they run as they are on the ``K * B`` batch (:data:`PER_EXAMPLE`).
 * Dropout draws each client's masks from the client's own generator (:class:`DropoutMasks`), the same masks
@@ -155,6 +156,27 @@ def _group_norm(
     if b is not None:
         yk = yk + b.view(per_channel)
     return yk.reshape(y.shape)
+
+
+@register(nn.Embedding)
+def _embedding(
+    m: nn.Embedding, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor
+) -> torch.Tensor:
+    """One lookup in the K clients' tables stacked end to end: client k's ids are offset by ``k * num_embeddings``.
+    An id outside ``[0, num_embeddings)`` is an ``IndexError`` here, as in ``nn.Embedding``: offset, it would
+    silently read another client's table. ``padding_idx`` rows get no gradient (their output is detached)."""
+    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+        raise Unsupported("nn.Embedding with max_norm, scale_grad_by_freq or sparse has no per-layer rule")
+    w = p["weight"]  # [K, num_embeddings, dim]
+    v = w.shape[1]
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= v):
+        raise IndexError(f"nn.Embedding: an id outside [0, {v}) (got {int(x.min())} .. {int(x.max())})")
+    offsets = torch.arange(k, device=x.device).mul_(v).view(k, *([1] * x.dim()))
+    ids = (x.reshape(k, -1, *x.shape[1:]) + offsets).reshape(x.shape)
+    out = F.embedding(ids, w.reshape(k * v, w.shape[2]))
+    if m.padding_idx is not None:
+        out = torch.where((x == m.padding_idx).unsqueeze(-1), out.detach(), out)
+    return out
 
 
 @register(nn.LayerNorm)
@@ -351,6 +373,7 @@ def check_agreement(
     *,
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Run a vectorised step on two clients with different parameters and inputs, and check that each client's
     loss and gradients equal those of ``model`` run on that client's real examples alone (dropout masks drawn
@@ -359,6 +382,9 @@ def check_agreement(
     ``batched(params, x, y, mask, masks) -> (grads of each client's summed loss, summed losses [K])``: ``mask``
     ``[K, B]`` marks real examples (client 1's last slot is padding, as in a ragged client's last batch: a model
     that mixes the examples of a batch would mix the padding in), ``masks`` the two clients' dropout masks.
+
+    ``examples``: real ``(inputs, labels)`` from the data (token ids must be valid ids), dealt to the two clients
+    (cycled when there are fewer than ``2 * 3``); without them, standard normal inputs and random labels.
     """
     from torch.func import functional_call
 
@@ -372,8 +398,13 @@ def check_agreement(
         ).contiguous()
         for n, v in base.items()
     }
-    x = torch.randn(k, b, *input_shape, generator=gen).to(device)
-    y = torch.randint(0, max(1, num_classes), (k, b), generator=gen).to(device)
+    if examples is None or len(examples[1]) == 0:
+        x = torch.randn(k, b, *input_shape, generator=gen).to(device)
+        y = torch.randint(0, max(1, num_classes), (k, b), generator=gen).to(device)
+    else:
+        pick = torch.arange(k * b) % len(examples[1])  # each client its own examples where there are enough
+        x = examples[0][pick].reshape(k, b, *examples[0].shape[1:]).to(device)
+        y = examples[1][pick].reshape(k, b, *examples[1].shape[1:]).to(device)
     mask = torch.tensor([[1.0 if i < r else 0.0 for i in range(b)] for r in real], device=device)
     masks = DropoutMasks.for_clients(0, 0, list(range(k)), device)
     masks.sizes = real
@@ -395,7 +426,6 @@ def check_agreement(
         ):
             want = torch.zeros_like(got) if g_ref is None else g_ref
             if not torch.allclose(got, want, rtol=rtol, atol=atol):
-                diff = float((got - want).abs().max())
-                raise Unsupported(
-                    f"client {j}'s gradient of {name!r} differs from the model run alone by {diff:.3g}"
-                )
+                # on real examples the reason names no number computed from them (summary.json publishes it)
+                by = "" if examples is not None else f" by {float((got - want).abs().max()):.3g}"
+                raise Unsupported(f"client {j}'s gradient of {name!r} differs from the model run alone{by}")

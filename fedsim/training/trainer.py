@@ -111,11 +111,33 @@ def copy_flat(params: list[torch.Tensor], flat: torch.Tensor) -> None:
 
 
 def client_tensors(x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A client's arrays as training sees them: float32 inputs and int64 labels on ``device``."""
+    """A client's arrays as training sees them, on ``device``: int64 labels, and int64 inputs when they are integers
+    (token ids for an ``nn.Embedding``), float32 inputs otherwise."""
+    x = np.asarray(x)
+    integer = np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_
     return (
-        torch.as_tensor(x, dtype=torch.float32, device=device),
+        torch.as_tensor(x, dtype=torch.long if integer else torch.float32, device=device),
         torch.as_tensor(y, dtype=torch.long, device=device),
     )
+
+
+def probe_examples(data: Any, device: torch.device, n: int = 8) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For the checks that choose a training path, when the data's inputs are integers (token ids): up to ``n`` real
+    training examples (the first training clients'), so that a model that takes ids is checked on valid ids. None
+    for float inputs, which are checked on random inputs as before (that check, and the fallback reasons that
+    ``summary.json`` publishes, then depend on the model and the settings only), and when there are no examples."""
+    xs, ys, have = [], [], 0
+    for cid in np.asarray(data.train_clients)[:50]:
+        x, y = client_tensors(*data.client_data(int(cid)), device)
+        if x.is_floating_point():
+            return None
+        if len(y):
+            xs.append(x[: n - have])
+            ys.append(y[: n - have])
+            have += len(ys[-1])
+        if have >= n:
+            break
+    return (torch.cat(xs), torch.cat(ys)) if xs else None
 
 
 def check_fits(settings: TrainSettings, data: Any) -> None:
@@ -140,8 +162,15 @@ def check_fits(settings: TrainSettings, data: Any) -> None:
                 raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from None
             break
     if settings.vectorize in ("per-layer", "vmap"):  # asked for explicitly: refused here if it cannot train
+        cpu = torch.device("cpu")
         choose_path(
-            model, tuple(data.input_shape), data.num_classes, loss, torch.device("cpu"), settings.vectorize
+            model,
+            tuple(data.input_shape),
+            data.num_classes,
+            loss,
+            cpu,
+            settings.vectorize,
+            examples=probe_examples(data, cpu),
         )
 
 
@@ -175,7 +204,13 @@ class ClientTrainer:
         self.has_dropout = bool(dropout_layers(self.model))
         #: how cohorts are trained: per-layer, vmap or loop (the first that agrees with the model run alone)
         self.path: TrainingPath = choose_path(
-            self.model, self.input_shape, data.num_classes, self.loss, self.device, settings.vectorize
+            self.model,
+            self.input_shape,
+            data.num_classes,
+            self.loss,
+            self.device,
+            settings.vectorize,
+            examples=probe_examples(data, self.device),
         )
         for reason in self.path.fallbacks:
             log.info("local training falls back from %s", reason)

@@ -152,6 +152,7 @@ def _probe(
     num_classes: int,
     loss: Callable[..., torch.Tensor],
     device: torch.device,
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     def batched(
         params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, masks: Any
@@ -160,11 +161,14 @@ def _probe(
             params, x, y, mask, torch.ones(y.shape[0], device=device), masks
         )  # count 1: summed losses
 
-    check_agreement(batched, model, input_shape, num_classes, loss, device)
+    check_agreement(batched, model, input_shape, num_classes, loss, device, examples=examples)
 
 
-def _activations_per_example(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> int:
-    """Floats every module outputs for one example (what autograd keeps for the backward, roughly)."""
+def _activations_per_example(
+    model: nn.Module, input_shape: tuple[int, ...], device: torch.device, x: torch.Tensor | None = None
+) -> int:
+    """Floats every module outputs for one example (what autograd keeps for the backward, roughly), on ``x`` (two
+    real examples) or zeros."""
     total = 0
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> None:
@@ -175,7 +179,7 @@ def _activations_per_example(model: nn.Module, input_shape: tuple[int, ...], dev
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
         with torch.no_grad():
-            model(torch.zeros(2, *input_shape, device=device))
+            model(torch.zeros(2, *input_shape, device=device) if x is None else x[:2])
     except Exception:  # the model may not run on zeros in this shape: leave the estimate to the caller
         total = 0
     finally:
@@ -191,14 +195,19 @@ def choose_path(
     loss: Callable[..., torch.Tensor],
     device: torch.device,
     requested: str = "auto",
+    *,
+    examples: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TrainingPath:
     """The first path of :data:`PATHS` (from ``requested`` on; ``auto`` tries all) that trains ``model`` with
     per-client gradients equal to the model run alone on each client. Asking for ``per-layer`` or ``vmap``
-    explicitly raises a ``ValueError`` with the reason when that path cannot train the model."""
+    explicitly raises a ``ValueError`` with the reason when that path cannot train the model.
+
+    ``examples``: real ``(inputs, labels)`` from the data, on which the paths are checked (a model that takes token
+    ids must be checked on valid ids); without them, random inputs of ``input_shape``."""
     requested = check_vectorize(requested)
     if requested == "loop":
         return TrainingPath("loop", None)
-    acts = _activations_per_example(model, input_shape, device)
+    acts = _activations_per_example(model, input_shape, device, None if examples is None else examples[0])
     was_training = model.training
     fallbacks: list[str] = []
     try:
@@ -206,7 +215,7 @@ def choose_path(
             try:
                 model.train()
                 step = _per_layer_step(StackedModel(model), loss)
-                _probe(step, model, input_shape, num_classes, loss, device)
+                _probe(step, model, input_shape, num_classes, loss, device, examples)
                 return TrainingPath("per-layer", step, (), acts)
             except Unsupported as exc:
                 if requested == "per-layer":
@@ -216,7 +225,7 @@ def choose_path(
             # vmap's dropout is not the per-client generators': check it with dropout off
             model.train(not dropout_layers(model))
             step = _vmap_step(model, loss)
-            _probe(step, model, input_shape, num_classes, loss, device)
+            _probe(step, model, input_shape, num_classes, loss, device, examples)
             return TrainingPath("vmap", step, tuple(fallbacks), acts)
         except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
             if requested == "vmap":
