@@ -14,6 +14,7 @@ ledger. With ``max_epsilon`` set, the budget check needs it first: no overlap.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from fedsim.report.trackers import start_trackers
 from fedsim.round import PartialSum
 from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
 from fedsim.training.vectorized import check_vectorize
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -210,6 +213,7 @@ class RoundLoop:
         self.stopped_by: str | None = None
         self.stopped_detail: str | None = None
         self.train_path = training_path(engine, exp)
+        self.train_fallbacks = training_fallbacks(engine, exp)
         # TensorBoard / MLflow ([report]; only with a run directory): off by default, and then nothing is imported.
         # One that cannot start is a ValueError here, before the first round; one that fails later only warns
         self.trackers = start_trackers(
@@ -223,7 +227,11 @@ class RoundLoop:
         self.accounting = BackgroundEpsilon(strategy, self.write_row)
 
     def run(self) -> None:
-        """Every round from the first to ``rounds``, or until one stops the run; then the last row."""
+        """Every round from the first to ``rounds``, or until one stops the run; then the last row. Before the
+        first: the one line saying why the engine trains on a slower path than it tried first, if it does."""
+        fell_back = describe_training(self.train_path, self.train_fallbacks)
+        if fell_back:
+            log.warning("%s", fell_back)
         for t in range(self.first, self.rounds + 1):
             if not self.step(t):
                 break
@@ -386,6 +394,8 @@ class RoundLoop:
                 self.population,
                 self.stopped_by,
                 self.diagnostics,
+                local_training=self.train_path,
+                local_training_fallbacks=self.train_fallbacks,
             ),
         )
         writer.write_plots()
@@ -423,6 +433,40 @@ def training_path(engine: Any, exp: Experiment) -> str | None:
     except ValueError:
         return None
     return None if requested == "auto" else requested
+
+
+def training_fallbacks(engine: Any, exp: Experiment) -> tuple[str, ...] | None:
+    """Why the engine's trainers refused the paths faster than the one they took (``"per-layer: <reason>"``,
+    ``"vmap: <ExcType>: <reason>"``; :func:`fedsim.training.vectorized.choose_path`): empty when the first path
+    tried was taken or ``engine.vectorize`` names the path. Public, like :func:`training_path`.
+
+    From the engine's ``training_fallbacks``, else its trainer's path, else ``()`` when ``engine.vectorize`` names
+    a path (nothing is tried before it). ``None`` (unknown) for an engine that does not say, with ``auto``.
+    """
+    said = getattr(engine, "training_fallbacks", None)
+    if isinstance(said, (tuple, list)) and all(isinstance(s, str) for s in said):
+        return tuple(said)
+    found = getattr(getattr(getattr(engine, "trainer", None), "path", None), "fallbacks", None)
+    if isinstance(found, (tuple, list)) and all(isinstance(s, str) for s in found):
+        return tuple(found)
+    try:
+        requested = check_vectorize(getattr(exp.settings, "vectorize", "auto"))
+    except ValueError:
+        return None
+    return None if requested == "auto" else ()
+
+
+def describe_training(path: str | None, fallbacks: tuple[str, ...] | None, width: int = 400) -> str | None:
+    """The console's line for a run whose trainers fell back to a slower path, one line whatever the reasons
+    hold: ``local training: vmap (per-layer: <reason>)``, each reason cut to ``width`` characters (the whole
+    reasons are in ``summary.json``). ``None`` when nothing fell back, or the path is not known."""
+    if not path or not fallbacks:
+        return None
+    reasons = []
+    for reason in fallbacks:
+        one = " ".join(str(reason).split())
+        reasons.append(one if len(one) <= width else one[: width - 3] + "...")
+    return f"local training: {path} ({'; '.join(reasons)})"
 
 
 def too_many_failures(round_: int, partial: PartialSum, cohort: int, max_fraction: float) -> str | None:

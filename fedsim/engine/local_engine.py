@@ -22,6 +22,8 @@ class LocalEngine:
         self.num_workers = 1
         #: the training path the cohort takes (``per-layer``, ``vmap`` or ``loop``), as configured and checked
         self.training_path = self.trainer.path.name
+        #: why faster paths were refused (``"per-layer: <reason>"``, ...): empty when the first path tried was taken
+        self.training_fallbacks: tuple[str, ...] = tuple(self.trainer.path.fallbacks)
 
     @classmethod
     def start(cls, scenario: Any, data: Any, settings: TrainSettings) -> LocalEngine:

@@ -71,6 +71,7 @@ class _Worker:
             "device": str(self.trainer.device),
             "pid": os.getpid(),
             "path": self.trainer.path.name,
+            "fallbacks": list(self.trainer.path.fallbacks),
         }
 
     def train(
@@ -165,6 +166,8 @@ class RayEngine:
         self.infos = ray.get([w.info.remote() for w in self.workers])
         #: the training path the workers chose (``per-layer``, ``vmap`` or ``loop``: the same check in each)
         self.training_path = str(self.infos[0]["path"])
+        #: why the workers refused faster paths (the same check in each: the first worker's reasons)
+        self.training_fallbacks: tuple[str, ...] = tuple(str(f) for f in self.infos[0].get("fallbacks", ()))
         self.dim = int(initial_weights(settings, data.input_shape, data.num_classes).size)
 
     def _shares(self, client_ids: np.ndarray) -> list[list[int]]:

@@ -8,6 +8,7 @@ epsilon does not cover under ``non_private`` (:data:`NON_PRIVATE`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -153,7 +154,8 @@ PRIVACY_SCOPE = (
     "(TensorBoard, MLflow); in sweep.csv, the columns named non_private_*; the console's 'failures' line of a "
     "run stopped by client failures (exit code 4). The population size, the domain sizes and the schedule are "
     "public, and so is a stop by the privacy budget (stopped_by 'budget': a function of public parameters and "
-    "the accountant)."
+    "the accountant), and so are the training path and why faster paths were refused (local_training, "
+    "local_training_fallbacks: a function of the model and the settings)."
 )
 
 #: why a run stopped that is a function of public parameters and the accountant only (privacy.max_epsilon):
@@ -180,14 +182,22 @@ def summary(
     population: int,
     stopped_by: str | None = None,
     diagnostics: bool = True,
+    *,
+    local_training: str | None = None,
+    local_training_fallbacks: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds.
+
+    ``local_training``: the path the trainers took (as in every row), ``local_training_fallbacks``: why they
+    refused the faster ones (:func:`fedsim.loop.training_fallbacks`); public, ``None`` where the engine does not
+    say.
 
     What is exact about clients is under ``non_private``: the timings (with ``diagnostics``), and after a stop
     that is not in :data:`PUBLIC_STOPS` (a stop by client failures), ``stopped_by``, ``stopped_reason`` and
     ``rounds_completed``, which are then absent from the top level. A stop by the budget is a function of the
     schedule, the mechanism and the accountant (public), so it stays at the top level.
     """
+    fallbacks = None if local_training_fallbacks is None else list(local_training_fallbacks)
     last = rows[-1] if rows else {}
     diag = last.get(NON_PRIVATE, {})
     stop = {"rounds_completed": len(rows), "stopped_reason": stopped, "stopped_by": stopped_by}
@@ -205,6 +215,9 @@ def summary(
         "scenario": scenario.name,
         **(stop if public_stop else {}),
         "rounds_planned": scenario.rounds,
+        # public: a function of the model and the settings (engine.vectorize), the same for every round
+        "local_training": local_training,
+        "local_training_fallbacks": fallbacks,
         "non_private_failed_clients": _failed_totals(rows),  # by reason; epsilon does not cover it
         # false for the non-private baseline (noise_multiplier = 0, or clip = 0: no noise, epsilon infinite)
         "private": ledger_private(strategy) if rows else None,

@@ -27,6 +27,7 @@ TINY = [
 # (Flower's clients send neither back: only their noised update), and timings
 ENGINE_SPECIFIC = {
     "local_training",
+    "local_training_fallbacks",  # summary.json: Flower's clients choose their path where the engine cannot see it
     "local_training_used",
     "client_train_loss",
     "clipped_fraction",
