@@ -57,6 +57,11 @@ def build_data(scenario: Scenario) -> Any:
         options["synthetic_iid"] = d.synthetic_iid
         options["synthetic_min_samples"] = d.synthetic_min_samples
         options["synthetic_max_samples"] = d.synthetic_max_samples
+    if d.dataset == "shakespeare":
+        options["seq_len"] = d.seq_len
+        options["stride"] = d.stride
+        options["min_samples"] = d.min_samples
+        options["max_samples_per_client"] = d.max_samples_per_client
     if d.partitioner == "pathological":
         options["num_classes_per_partition"] = d.classes_per_client
     if d.partitioner == "shard":

@@ -130,6 +130,20 @@ class DataConfig(_Section):
     )
     synthetic_min_samples: int | None = Field(None, ge=1, description="synthetic: fewest examples per client")
     synthetic_max_samples: int | None = Field(None, ge=1, description="synthetic: most examples per client")
+    seq_len: int | None = Field(
+        None, ge=1, description="shakespeare: characters per window (default 80, LEAF's)"
+    )
+    stride: int | None = Field(
+        None, ge=1, description="shakespeare: characters between window starts (default 8; LEAF: 1)"
+    )
+    min_samples: int | None = Field(
+        None, ge=1, description="shakespeare: fewest windows for a role to be a client (default 32)"
+    )
+    max_samples_per_client: int | None = Field(
+        None,
+        ge=1,
+        description="shakespeare: most windows per client, evenly spaced over its text (default 256)",
+    )
 
     @field_validator("dataset")
     @classmethod

@@ -129,7 +129,7 @@ def load_hub_arrays(
         raise ValueError(
             f"dataset={name!r} needs the Hugging Face Hub, which cannot be reached from here and the "
             f"dataset is not in the local cache ({type(err).__name__}: {err}). Offline, use one of "
-            "'digits', 'mnist1d', 'synthetic', or run once online to fill the cache."
+            "'digits', 'mnist1d', 'synthetic', 'shakespeare', or run once online to fill the cache."
         ) from err
     except ValueError as err:  # e.g. an unknown split
         raise ValueError(f"dataset={name!r} with hub_split={split!r} cannot be loaded: {err}") from err

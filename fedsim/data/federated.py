@@ -40,9 +40,10 @@ from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, cached_part
 from fedsim.data.user import arrays_from_result, call_data_function
 from fedsim.factories import describe, is_reference
 
-DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic")
-"""The offline datasets. ``"hf:<repo id>"`` also loads a Hugging Face dataset (online or cached), and
-``"package.module:function"`` (or a callable) a user's dataset (:mod:`fedsim.data.user`)."""
+DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic", "shakespeare")
+"""The offline datasets (``shakespeare``: :mod:`fedsim.data.shakespeare`). ``"hf:<repo id>"`` also loads a Hugging
+Face dataset (online or cached), and ``"package.module:function"`` (or a callable) a user's dataset
+(:mod:`fedsim.data.user`)."""
 USER = "package.module:function"
 
 _TAG_HELDOUT = 0x4E1D
@@ -65,6 +66,7 @@ DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
         "synthetic_max_samples",
         "domain_label_swaps",
     ),
+    "shakespeare": ("seq_len", "stride", "min_samples", "max_samples_per_client", "domain_label_swaps"),
     HUB_PREFIX: ("hub_split", "hub_feature", "hub_label", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
     USER: ("options", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
 }
@@ -459,6 +461,8 @@ def build_federated_data(
         synthetic: ``synthetic_alpha``, ``synthetic_beta`` (default 1.0), ``synthetic_iid`` (False),
         ``synthetic_dim`` (60), ``synthetic_classes`` (10), ``synthetic_min_samples`` (50),
         ``synthetic_max_samples`` (1000).
+        shakespeare (one client per role, :mod:`fedsim.data.shakespeare`): ``seq_len`` (80), ``stride`` (8),
+        ``min_samples`` (32), ``max_samples_per_client`` (256), ``domain_label_swaps``.
     """
     hub = isinstance(dataset, str) and dataset.startswith(HUB_PREFIX) and len(dataset) > len(HUB_PREFIX)
     user = (callable(dataset) and not isinstance(dataset, str)) or (not hub and is_reference(dataset))
@@ -474,6 +478,10 @@ def build_federated_data(
     heldout_fraction = check_float("heldout_fraction", heldout_fraction, low=0.0, high=1.0, high_open=True)
     seed = check_int("seed", seed, minimum=0)
     sizes, requested = _domain_sizes(num_clients, domains)
+    if dataset == "shakespeare":  # natural clients, one per role: no partitioner
+        from fedsim.data.shakespeare import build_shakespeare  # imports this module: loaded when asked for
+
+        return build_shakespeare(num_clients, heldout_fraction, seed, domains, **options)
     if dataset != "synthetic":
         check_choice("partitioner", partitioner, PARTITIONERS)
 

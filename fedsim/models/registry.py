@@ -13,12 +13,24 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from fedsim.factories import build_model as _build
 from fedsim.factories import positive_ints
 
-__all__ = ["MODELS", "MODEL_FACTORIES", "build_model", "cnn1d", "cnn2d", "logreg", "mlp", "num_parameters"]
+__all__ = [
+    "MODELS",
+    "MODEL_FACTORIES",
+    "build_model",
+    "cnn1d",
+    "cnn2d",
+    "logreg",
+    "lstm",
+    "mlp",
+    "num_parameters",
+    "transformer",
+]
 
 
 def _positive_int(option: str, value: Any) -> int:
@@ -114,11 +126,124 @@ def cnn2d(
     return nn.Sequential(*layers)
 
 
+def _sequence_length(model: str, input_shape: Sequence[int]) -> int:
+    if len(input_shape) != 1 or isinstance(input_shape[0], bool) or int(input_shape[0]) < 1:
+        raise ValueError(
+            f"invalid input_shape={tuple(input_shape)}: {model} takes windows of token ids (seq_len,), "
+            "e.g. dataset='shakespeare'"
+        )
+    return int(input_shape[0])
+
+
+class CharLSTM(nn.Module):
+    """Token ids ``[n, T]`` -> Embedding -> LSTM -> Linear on the last time step -> ``[n, num_classes]``."""
+
+    def __init__(self, vocab: int, embedding_dim: int, hidden: int, layers: int, num_classes: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embedding_dim)
+        self.lstm = nn.LSTM(embedding_dim, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.embed(x.long()))
+        return self.out(h[:, -1])
+
+
+def lstm(
+    input_shape: Sequence[int],
+    num_classes: int,
+    embedding_dim: int = 8,
+    hidden: int = 256,
+    layers: int = 2,
+    vocab: int | None = None,
+) -> nn.Module:
+    """LEAF's Shakespeare model (Caldas et al.): an ``embedding_dim``-dim character embedding, ``layers`` stacked
+    LSTMs of ``hidden`` units and a linear layer on the last time step. Inputs are token ids ``[n, seq_len]``
+    in ``[0, vocab)`` (``vocab`` defaults to ``num_classes``: next-token prediction). The defaults are LEAF's
+    (8, 256, 2: about 0.8M parameters with 81 classes)."""
+    _sequence_length("lstm", input_shape)
+    return CharLSTM(
+        _positive_int("vocab", num_classes if vocab is None else vocab),
+        _positive_int("embedding_dim", embedding_dim),
+        _positive_int("hidden", hidden),
+        _positive_int("layers", layers),
+        num_classes,
+    )
+
+
+class CharTransformer(nn.Module):
+    """Token ids ``[n, T]`` -> token + learned position embeddings -> encoder layers -> Linear on the last
+    position -> ``[n, num_classes]``. No causal mask: the label (the next token) is outside the window."""
+
+    def __init__(
+        self,
+        vocab: int,
+        seq_len: int,
+        d_model: int,
+        heads: int,
+        layers: int,
+        ff: int,
+        dropout: float,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.position = nn.Embedding(seq_len, d_model)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, heads, ff, dropout, batch_first=True) for _ in range(layers)
+        )
+        self.out = nn.Linear(d_model, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.long()
+        positions = torch.arange(x.shape[1], device=x.device).expand_as(x)  # [n, T], like the ids
+        h = self.embed(x) + self.position(positions)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h[:, -1])
+
+
+def transformer(
+    input_shape: Sequence[int],
+    num_classes: int,
+    d_model: int = 64,
+    heads: int = 4,
+    layers: int = 2,
+    ff: int = 128,
+    dropout: float = 0.0,
+    vocab: int | None = None,
+) -> nn.Module:
+    """A small Transformer encoder over token ids ``[n, seq_len]``: a token embedding plus a learned position
+    embedding (``d_model`` wide), ``layers`` ``nn.TransformerEncoderLayer`` (``heads`` heads, feed-forward
+    ``ff``, ReLU, post-norm, ``dropout``, batch first) and a linear layer on the last position. ``vocab``
+    defaults to ``num_classes`` (next-token prediction). No weights are tied (fedsim refuses parameters shared
+    between layers). With the defaults and 81 classes: about 77k parameters."""
+    seq_len = _sequence_length("transformer", input_shape)
+    d = _positive_int("d_model", d_model)
+    h = _positive_int("heads", heads)
+    if d % h:
+        raise ValueError(f"invalid model.heads={h}: d_model={d} must be a multiple of it")
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"invalid model.dropout={dropout!r}: allowed a number in [0, 1)")
+    return CharTransformer(
+        _positive_int("vocab", num_classes if vocab is None else vocab),
+        seq_len,
+        d,
+        h,
+        _positive_int("layers", layers),
+        _positive_int("ff", ff),
+        float(dropout),
+        num_classes,
+    )
+
+
 MODEL_FACTORIES: dict[str, str] = {
     "mlp": "fedsim.models.registry:mlp",
     "logreg": "fedsim.models.registry:logreg",
     "cnn1d": "fedsim.models.registry:cnn1d",
     "cnn2d": "fedsim.models.registry:cnn2d",
+    "lstm": "fedsim.models.registry:lstm",
+    "transformer": "fedsim.models.registry:transformer",
 }
 """Short names a scenario may give as ``[model] name``, and the factory each one stands for."""
 

@@ -35,7 +35,7 @@ def test_unknown_scenario_lists_the_available_ones():
         (
             "data.dataset=cifar",
             "data.dataset",
-            "'digits', 'mnist1d', 'synthetic', 'hf:<repo id>' or a data function",
+            "'digits', 'mnist1d', 'synthetic', 'shakespeare', 'hf:<repo id>' or a data function",
         ),
     ],
 )

@@ -25,7 +25,7 @@ def _all_rows(fd):
 
 
 def test_registry_names():
-    assert DATASETS == ("digits", "mnist1d", "synthetic")
+    assert DATASETS == ("digits", "mnist1d", "synthetic", "shakespeare")
     assert PARTITIONERS == ("iid", "dirichlet", "pathological", "shard")
 
 
