@@ -61,3 +61,49 @@ class Faulty(nn.Module):
 
 def model(input_shape, num_classes, sleep_s: float = 60.0):
     return Faulty(int(input_shape[0]), num_classes, sleep_s)
+
+
+#: a scenario of these clients (scenario_file fills it in)
+SCENARIO = """
+name = "faults"
+seed = 5
+rounds = 2
+
+[data]
+dataset = "faulty:data"
+num_clients = {clients}
+heldout_fraction = 0.0
+
+[data.options]
+faults = {faults}
+
+[model]
+factory = "faulty:model"
+sleep_s = 60.0
+
+[client]
+local_epochs = 1
+batch_size = 5
+
+[privacy]
+sampling = "all"
+clip = 1.0
+noise_multiplier = 0.8
+
+[engine]
+name = "{engine}"
+num_workers = 2
+vectorize = "{vectorize}"
+{extra}
+"""
+
+
+def scenario_file(tmp_path, *, clients=8, faults=None, engine="local", vectorize="auto", extra="", name="s"):
+    """Write a scenario of ``clients`` clients, ``faults`` ({client: code of CODES}) marked, to ``tmp_path/name.toml``;
+    return its path."""
+    table = "{" + ", ".join(f'"{k}" = "{v}"' for k, v in (faults or {}).items()) + "}"
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        SCENARIO.format(clients=clients, faults=table, engine=engine, vectorize=vectorize, extra=extra)
+    )
+    return path

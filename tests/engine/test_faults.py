@@ -13,54 +13,13 @@ import json
 
 import numpy as np
 import pytest
+from faulty import scenario_file as scenario
 
 from fedsim.cli import EXIT_FAILURES, main
 from fedsim.engine.ray_engine import LocalEngine
 from fedsim.engine.runner import run_scenario
 from fedsim.experiment import build_experiment
 from fedsim.scenarios import ScenarioError, load_scenario
-
-SCENARIO = """
-name = "faults"
-seed = 5
-rounds = 2
-
-[data]
-dataset = "faulty:data"
-num_clients = {clients}
-heldout_fraction = 0.0
-
-[data.options]
-faults = {faults}
-
-[model]
-factory = "faulty:model"
-sleep_s = 60.0
-
-[client]
-local_epochs = 1
-batch_size = 5
-
-[privacy]
-sampling = "all"
-clip = 1.0
-noise_multiplier = 0.8
-
-[engine]
-name = "{engine}"
-num_workers = 2
-vectorize = "{vectorize}"
-{extra}
-"""
-
-
-def scenario(tmp_path, *, clients=8, faults=None, engine="local", vectorize="auto", extra="", name="s"):
-    table = "{" + ", ".join(f'"{k}" = "{v}"' for k, v in (faults or {}).items()) + "}"
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        SCENARIO.format(clients=clients, faults=table, engine=engine, vectorize=vectorize, extra=extra)
-    )
-    return path
 
 
 @pytest.mark.parametrize("vectorize", ["per-layer", "loop"])

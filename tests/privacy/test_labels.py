@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from faulty import scenario_file
 
 from fedsim.cli import EXIT_FAILURES, FAILURES_LABEL, main
 from fedsim.engine.runner import run_scenario
@@ -158,42 +159,8 @@ def test_fedsim_report_labels_a_stop_by_failures(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------ exit 4: the console line
-FAULTY = """
-name = "faults"
-seed = 5
-rounds = 2
-
-[data]
-dataset = "faulty:data"
-num_clients = 8
-heldout_fraction = 0.0
-
-[data.options]
-faults = {faults}
-
-[model]
-factory = "faulty:model"
-
-[client]
-local_epochs = 1
-batch_size = 5
-
-[privacy]
-sampling = "all"
-clip = 1.0
-noise_multiplier = 0.8
-
-[engine]
-name = "local"
-vectorize = "auto"
-"""
-
-
 def test_the_exit_4_line_is_labelled_non_private(tmp_path, capsys):
-    path = tmp_path / "f.toml"
-    path.write_text(
-        FAULTY.format(faults='{"0" = "raise", "1" = "raise", "2" = "raise", "3" = "raise", "4" = "nan"}')
-    )
+    path = scenario_file(tmp_path, faults={0: "raise", 1: "raise", 2: "raise", 3: "raise", 4: "nan"})
     assert main(["run", str(path), "--no-progress", "--out", str(tmp_path / "run")]) == EXIT_FAILURES
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(FAILURES_LABEL + ": stopping at round 1: 5 of its 8") and "non-private" in last
@@ -211,8 +178,7 @@ def test_local_training_is_the_configured_path_in_every_row_even_with_an_empty_c
 
 def test_local_training_stays_the_chosen_path_when_a_chunk_raised(tmp_path):
     # client 2 raises: its per-layer chunk is trained again client by client on the loop; the path stays per-layer
-    path = tmp_path / "f.toml"
-    path.write_text(FAULTY.format(faults='{"2" = "raise"}'))
+    path = scenario_file(tmp_path, faults={2: "raise"})
     res = run_scenario(load_scenario(str(path)), tmp_path / "run")
     assert [r["non_private"]["failed"] for r in res.rows] == [{"error": 1}] * 2
     assert [r["local_training"] for r in res.rows] == ["per-layer", "per-layer"]
