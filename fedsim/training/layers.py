@@ -169,8 +169,10 @@ def _embedding(
         raise Unsupported("nn.Embedding with max_norm, scale_grad_by_freq or sparse has no per-layer rule")
     w = p["weight"]  # [K, num_embeddings, dim]
     v = w.shape[1]
-    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= v):
-        raise IndexError(f"nn.Embedding: an id outside [0, {v}) (got {int(x.min())} .. {int(x.max())})")
+    if x.numel():
+        lo, hi = (int(e) for e in torch.aminmax(x))  # one pass over the ids
+        if lo < 0 or hi >= v:
+            raise IndexError(f"nn.Embedding: an id outside [0, {v}) (got {lo} .. {hi})")
     offsets = torch.arange(k, device=x.device).mul_(v).view(k, *([1] * x.dim()))
     ids = (x.reshape(k, -1, *x.shape[1:]) + offsets).reshape(x.shape)
     out = F.embedding(ids, w.reshape(k * v, w.shape[2]))

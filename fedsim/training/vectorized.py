@@ -230,7 +230,13 @@ def choose_path(
         except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
             if requested == "vmap":
                 raise ValueError(f"engine.vectorize='vmap' cannot train this model: {exc}") from None
-            fallbacks.append(f"vmap: {type(exc).__name__}: {exc}")
+            if examples is None:
+                fallbacks.append(f"vmap: {type(exc).__name__}: {exc}")
+            else:  # raised on real examples: its text may quote them (an id), and summary.json publishes reasons
+                log.info("vmap refused on real examples: %s: %s", type(exc).__name__, exc)
+                fallbacks.append(
+                    f"vmap: {type(exc).__name__} on real examples (its message: the worker's log)"
+                )
         return TrainingPath("loop", None, tuple(fallbacks), acts)
     finally:
         model.train(was_training)

@@ -83,3 +83,32 @@ def test_a_token_model_runs_end_to_end_vectorised_and_a_recurrent_one_falls_back
     np.testing.assert_allclose(fast.weights, loop.weights, rtol=1e-4, atol=1e-6)
     gru = run_scenario(_scenario("token_gru"), write=False)  # no rule for nn.GRU: checked on real ids
     assert gru.rows[-1]["local_training"] in ("vmap", "loop")
+
+
+def test_a_refusal_on_real_examples_publishes_no_text_computed_from_them():
+    from fedsim.factories import resolve_loss
+    from fedsim.training.vectorized import choose_path
+
+    class Branchy(nn.Module):  # data-dependent control flow: neither per-layer (GRU) nor vmap can batch it
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.gru, self.out = (
+                nn.Embedding(30, 4),
+                nn.GRU(4, 4, batch_first=True),
+                nn.Linear(4, 2),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.embed(x)
+            if h.sum() > 0:
+                h = -h
+            return self.out(self.gru(h)[0][:, -1])
+
+    x, y = torch.randint(0, 30, (8, 5)), torch.randint(0, 2, (8,))
+    cpu, loss = torch.device("cpu"), resolve_loss("cross_entropy")
+    path = choose_path(Branchy(), (5,), 2, loss, cpu, examples=(x, y))
+    assert path.name == "loop"
+    vmap = [f for f in path.fallbacks if f.startswith("vmap")]
+    assert vmap and vmap[0].endswith("on real examples (its message: the worker's log)"), vmap
+    with_random = choose_path(Branchy(), (5,), 2, loss, cpu)  # float-input models: the message as before
+    assert any(f.startswith("vmap: ") and len(f) > 40 for f in with_random.fallbacks)
