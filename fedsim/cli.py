@@ -167,8 +167,10 @@ def _print_summary(console: Any, result: Any) -> None:
     )
     diag = last.get(NON_PRIVATE, {})
     if last.get("heldout_accuracy") is not None:
+        ppl = last.get("heldout_perplexity")
         console.print(
-            f"final: held-out acc {last['heldout_accuracy']:.3f}; train acc {diag['train_accuracy']:.3f}, "
+            f"final: held-out acc {last['heldout_accuracy']:.3f}"
+            f"{'' if ppl is None else f', perplexity {ppl:.2f}'}; train acc {diag['train_accuracy']:.3f}, "
             f"gap {diag['gap_accuracy']:+.3f} (non-private diagnostics: epsilon does not cover them)"
         )
     igmm = last.get("paper_epsilon_igmm")

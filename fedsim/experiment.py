@@ -62,6 +62,7 @@ def build_data(scenario: Scenario) -> Any:
         options["stride"] = d.stride
         options["min_samples"] = d.min_samples
         options["max_samples_per_client"] = d.max_samples_per_client
+        options["targets"] = d.targets
     if d.partitioner == "pathological":
         options["num_classes_per_partition"] = d.classes_per_client
     if d.partitioner == "shard":

@@ -6,7 +6,11 @@ that uses it) knows a model's class or its parameter names:
 * a **model factory** is ``f(input_shape, num_classes, **options) -> nn.Module``; ``input_shape`` is the shape
   of one example (``(40,)`` for MNIST-1D, ``(1, 8, 8)`` for the digits as images);
 * a **loss** is ``loss(outputs, targets) -> per-example losses [n]``; fedsim averages them over a batch (and
-  masks padded examples when clients train together). ``"cross_entropy"`` is the default;
+  masks padded examples when clients train together). ``"cross_entropy"`` is the default: for labels ``[n]`` and
+  logits ``[n, classes]``, and for sequence targets ``[n, *T]`` and logits ``[n, *T, classes]``, where an
+  example's loss is its mean over the target tokens whose id is not :data:`IGNORE_INDEX` (padding);
+* a **metric** is ``metric(outputs, targets) -> per-example values [n]``, reported on evaluation (mean per
+  client, then over clients, like the loss); optional;
 * a **data function** is described in :mod:`fedsim.data.user`.
 
 A reference is resolved with :func:`import_object` on whichever process needs it (the driver, a Ray worker, a
@@ -222,9 +226,26 @@ def check_private_trainable(model: nn.Module) -> None:
 
 
 # --------------------------------------------------------------------------- losses
+IGNORE_INDEX = -100
+"""A target id that is not scored (padding of a sequence): no loss, no gradient, not in token accuracy or
+perplexity. PyTorch's own default ``ignore_index``."""
+
+
 def cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-example cross-entropy of logits ``[n, classes]`` and integer labels ``[n]``."""
-    return F.cross_entropy(outputs, targets, reduction="none")
+    """Per-example cross-entropy: of logits ``[n, classes]`` and labels ``[n]``; or, for a sequence task, of logits
+    ``[n, *T, classes]`` and targets ``[n, *T]``, each example's mean over its scored tokens (targets other than
+    :data:`IGNORE_INDEX`; an example with none scores 0). Per-example losses stay the clipping unit."""
+    if targets.dim() <= 1:
+        return F.cross_entropy(outputs, targets, reduction="none")
+    n = targets.shape[0]
+    per_token = F.cross_entropy(
+        outputs.reshape(-1, outputs.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    ).view(n, -1)
+    scored = (targets.reshape(n, -1) != IGNORE_INDEX).sum(1).clamp(min=1)
+    return per_token.sum(1) / scored
 
 
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"cross_entropy": cross_entropy}
@@ -241,15 +262,26 @@ def resolve_loss(spec: Loss) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
     return resolve(spec, "model.loss")
 
 
+def resolve_metric(spec: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """``model.metric``: ``None`` (none), or a ``"package.module:function"`` / callable giving one value per
+    example."""
+    if spec is None:
+        return None
+    if isinstance(spec, str) and not is_reference(spec):
+        raise ValueError(f"invalid model.metric={spec!r}: allowed 'package.module:function'")
+    return resolve(spec, "model.metric")
+
+
 def per_example(
-    loss: Callable[..., torch.Tensor], outputs: torch.Tensor, targets: torch.Tensor
+    loss: Callable[..., torch.Tensor], outputs: torch.Tensor, targets: torch.Tensor, what: str = "loss"
 ) -> torch.Tensor:
     """``loss(outputs, targets)``, checked to give one finite-shaped value per example."""
     out = loss(outputs, targets)
     if not isinstance(out, torch.Tensor) or out.shape != targets.shape[:1]:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(
-            f"the loss returned {shape} for a batch of {targets.shape[0]}: a loss must return one value per "
-            "example (e.g. F.cross_entropy(..., reduction='none')); fedsim averages them"
+            f"the {what} returned {shape} for outputs {list(outputs.shape)} and targets {list(targets.shape)}: "
+            f"it must return one value per example, [{targets.shape[0]}] (e.g. F.cross_entropy(..., "
+            "reduction='none'), or a mean over each example's tokens); fedsim averages them"
         )
     return out

@@ -144,6 +144,12 @@ class DataConfig(_Section):
         ge=1,
         description="shakespeare: most windows per client, evenly spaced over its text (default 256)",
     )
+    targets: Literal["next", "sequence"] | None = Field(
+        None,
+        description="shakespeare: 'next' (default, LEAF's: the character after the window, labels [n]) or "
+        "'sequence' (the next character at every position, targets [n, seq_len]; pair with a model that "
+        "outputs [n, seq_len, classes], e.g. model.per_token = true)",
+    )
 
     @field_validator("dataset")
     @classmethod
@@ -162,6 +168,17 @@ class DataConfig(_Section):
     def _finite_options(cls, value: Any) -> Any:
         _finite_values("data.options", value or {})
         return value
+
+    @model_validator(mode="after")
+    def _shakespeare_options(self) -> DataConfig:
+        if self.dataset != "shakespeare":
+            for key in ("seq_len", "stride", "min_samples", "max_samples_per_client", "targets"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"data.{key} is an option of dataset 'shakespeare' only, and this dataset is "
+                        f"{self.dataset!r}: remove it (--set data.{key}=none)"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _options_for_functions(self) -> DataConfig:
@@ -188,7 +205,13 @@ class ModelConfig(BaseModel):
     )
     loss: str | Callable[..., Any] = Field(
         "cross_entropy",
-        description="'cross_entropy' or 'package.module:function' giving one loss per example",
+        description="'cross_entropy' (labels [n] or sequence targets [n, *T], padding id -100 not scored) or "
+        "'package.module:function' giving one loss per example",
+    )
+    metric: str | Callable[..., Any] | None = Field(
+        None,
+        description="'package.module:function' giving one value per example, reported on evaluation as "
+        "heldout_metric (client-level mean)",
     )
 
     def reference(self) -> Any:
@@ -211,6 +234,7 @@ class ModelConfig(BaseModel):
         # import what is named now, so that a typo fails at load time rather than on a worker
         factories.check_options(self.reference(), self.options())
         factories.resolve_loss(self.loss)
+        factories.resolve_metric(self.metric)
         return self
 
     @field_serializer("factory")
@@ -220,6 +244,10 @@ class ModelConfig(BaseModel):
     @field_serializer("loss")
     def _loss_out(self, value: Any) -> Any:
         return _serialize_callable(value, "model.loss")
+
+    @field_serializer("metric")
+    def _metric_out(self, value: Any) -> Any:
+        return _serialize_callable(value, "model.metric")
 
 
 class ClientConfig(_Section):

@@ -61,3 +61,58 @@ class TokenGRU(nn.Module):
 
 def token_gru(input_shape, num_classes, vocab: int = VOCAB):
     return TokenGRU(vocab, num_classes)
+
+
+def token_sequences(num_clients: int, seed: int, length: int = 6, per_client: int = 10, vocab: int = VOCAB):
+    """A sequence task: windows of ``length`` ids and, at every position, the next id as the target (``[n,
+    length]``); ragged clients, and short sequences padded at the end (id 0 in the inputs, target -100, PyTorch's
+    ignore index, where no token follows)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(per_client // 2, per_client * 2, size=num_clients)
+    n = int(counts.sum())
+    text = rng.integers(1, vocab, size=(n, length + 1))
+    text[:, 1:] = np.where(
+        rng.random((n, length)) < 0.5, (text[:, :-1] * 7 + 3) % (vocab - 1) + 1, text[:, 1:]
+    )
+    x, y = text[:, :-1].copy(), text[:, 1:].copy()
+    short = rng.random(n) < 0.3
+    cut = rng.integers(1, length, size=n)
+    for i in np.flatnonzero(short):
+        x[i, cut[i] :] = 0
+        y[i, cut[i] - 1 :] = -100  # the last real input has no next token in the window
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    clients = [np.arange(offsets[i], offsets[i + 1]) for i in range(num_clients)]
+    return {"x": x.astype(np.int64), "y": y.astype(np.int64), "clients": clients, "num_classes": vocab}
+
+
+class TokenTagger(nn.Module):
+    """Logits at every position, ``[n, T, classes]``: Embedding -> tanh -> Linear, position by position."""
+
+    def __init__(self, vocab: int, classes: int, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.out = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.embed(x)))
+
+
+def token_tagger(input_shape, num_classes, vocab: int = VOCAB, classes: int | None = None):
+    """``classes`` (default ``num_classes``): fewer than the data's, to test the refusal."""
+    return TokenTagger(vocab, num_classes if classes is None else classes)
+
+
+def last_token_only(input_shape, num_classes, vocab: int = VOCAB):
+    """A classifier's output ``[n, classes]``, wrong for sequence targets ``[n, T]``."""
+    return BagOfTokens(vocab, 8, num_classes, None)
+
+
+def sum_over_tokens(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss of the wrong shape for a sequence task: one value per token, not per example."""
+    return torch.nn.functional.cross_entropy(outputs.transpose(1, 2), targets, reduction="none")
+
+
+def exact_match(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A user metric, one value per example: 1 when every scored token is predicted right."""
+    right = (outputs.argmax(-1) == targets) | (targets == -100)
+    return right.all(1).to(outputs.dtype)

@@ -60,6 +60,7 @@ from fedsim.flower.protocol import (
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
 )
+from fedsim.report.rows import client_means
 from fedsim.round import NoiseSource, flatten
 from fedsim.training.trainer import ClientPlan
 
@@ -265,10 +266,10 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             )
         cid = _client_id(data, context)
         _, flat = _global(msg)
-        _, n, loss_sum, correct = trainer.evaluate([cid], flat)[0]
-        out = MetricRecord(
-            {"num-examples": int(n), "loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1)}
-        )
+        means = client_means(trainer.evaluate([cid], flat))  # this client's loss, accuracy, ...
+        means.pop("clients")
+        out = MetricRecord({"num-examples": int(data.num_examples_array([cid])[0])})
+        out.update({k: v for k, v in means.items() if math.isfinite(v)})
         return Message(RecordDict({"metrics": out}), reply_to=msg)
 
     @app.query("fedsim_identity")

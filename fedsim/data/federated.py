@@ -38,7 +38,7 @@ from fedsim.data.base import (
 )
 from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS, cached_partition_rows
 from fedsim.data.user import arrays_from_result, call_data_function
-from fedsim.factories import describe, is_reference
+from fedsim.factories import IGNORE_INDEX, describe, is_reference
 
 DATASETS: tuple[str, ...] = ("digits", "mnist1d", "synthetic", "shakespeare")
 """The offline datasets (``shakespeare``: :mod:`fedsim.data.shakespeare`). ``"hf:<repo id>"`` also loads a Hugging
@@ -66,7 +66,14 @@ DATASET_OPTIONS: dict[str, tuple[str, ...]] = {
         "synthetic_max_samples",
         "domain_label_swaps",
     ),
-    "shakespeare": ("seq_len", "stride", "min_samples", "max_samples_per_client", "domain_label_swaps"),
+    "shakespeare": (
+        "seq_len",
+        "stride",
+        "min_samples",
+        "max_samples_per_client",
+        "targets",
+        "domain_label_swaps",
+    ),
     HUB_PREFIX: ("hub_split", "hub_feature", "hub_label", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
     USER: ("options", *_PARTITION_OPTION_NAMES, *_DOMAIN_OPTIONS),
 }
@@ -86,6 +93,8 @@ class FederatedData(ABC):
     heldout_fraction: float
     input_shape: tuple[int, ...]
     num_classes: int
+    #: the shape of one example's targets: ``()`` for a label, ``(T,)`` for a sequence task's ``[n, T]`` targets
+    target_shape: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -209,6 +218,7 @@ class FederatedData(ABC):
             "seed": self.seed,
             "input_shape": list(self.input_shape),
             "input_dim": self.input_dim,
+            "target_shape": list(self.target_shape),
             "num_classes": self.num_classes,
             "num_domains": self.num_domains,
             "domain_sizes": list(self.domain_sizes),
@@ -260,6 +270,7 @@ class ArrayFederatedData(FederatedData):
         )
         self.x = base.x
         self.y = base.y
+        self.target_shape = tuple(int(v) for v in base.y.shape[1:])
         sizes = np.asarray([r.size for r in client_rows], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._rows = np.concatenate(client_rows).astype(np.int32 if base.x.shape[0] < 2**31 else np.int64)
@@ -299,7 +310,7 @@ class ArrayFederatedData(FederatedData):
                 rng = np.random.default_rng([self.seed, _TAG_NOISE, int(cid)])
                 x += (rng.standard_normal(x.shape) * self._noise_std[d]).astype(np.float32)
             if self.domain_label_swaps:
-                return x, self._label_maps[d][self.y[rows]]
+                return x, relabel(self._label_maps[d], self.y[rows])
         return x, self.y[rows]
 
     def num_examples_array(self, cids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -310,7 +321,8 @@ class ArrayFederatedData(FederatedData):
 
     def label_entropy(self, cid: int) -> float:
         """Entropy (nats) of client ``cid``'s label distribution; log(num_classes) is uniform."""
-        counts = np.bincount(self.y[self.client_rows(cid)], minlength=self.num_classes)
+        y = self.y[self.client_rows(cid)].ravel()
+        counts = np.bincount(y[y != IGNORE_INDEX], minlength=self.num_classes)
         p = counts[counts > 0] / counts.sum()
         return float(-(p * np.log(p)).sum())
 
@@ -462,7 +474,7 @@ def build_federated_data(
         ``synthetic_dim`` (60), ``synthetic_classes`` (10), ``synthetic_min_samples`` (50),
         ``synthetic_max_samples`` (1000).
         shakespeare (one client per role, :mod:`fedsim.data.shakespeare`): ``seq_len`` (80), ``stride`` (8),
-        ``min_samples`` (32), ``max_samples_per_client`` (256), ``domain_label_swaps``.
+        ``min_samples`` (32), ``max_samples_per_client`` (256), ``targets`` (``"next"``), ``domain_label_swaps``.
     """
     hub = isinstance(dataset, str) and dataset.startswith(HUB_PREFIX) and len(dataset) > len(HUB_PREFIX)
     user = (callable(dataset) and not isinstance(dataset, str)) or (not hub and is_reference(dataset))
@@ -562,6 +574,13 @@ def build_federated_data(
 
 
 # --------------------------------------------------------------------------- helpers
+def relabel(label_map: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``label_map[y]`` for labels or sequence targets ``y``, leaving :data:`~fedsim.factories.IGNORE_INDEX`
+    (padding) as it is: indexing with it would wrap around to the last class."""
+    scored = y != IGNORE_INDEX
+    return np.where(scored, label_map[np.where(scored, y, 0)], y)
+
+
 def label_maps(seed: int, num_domains: int, num_classes: int, swaps: int) -> np.ndarray:
     """Concept shift between domains: ``maps[d][y]`` is domain d's label for an example of class y.
 

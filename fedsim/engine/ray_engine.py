@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedsim.round import PartialSum
+from fedsim.training.evaluation import WIDTH as EVAL_WIDTH
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
 from .base import EngineError
@@ -313,7 +314,7 @@ class RayEngine:
         return results
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Per-client evaluation rows ``[client, n, loss_sum, correct]``. A worker that dies or passes
+        """Per-client evaluation rows (:data:`fedsim.training.evaluation.COLUMNS`). A worker that dies or passes
         ``round_timeout_s`` while evaluating is replaced, and the clients of its share are evaluated again alone
         (:meth:`_one_at_a_time`); a client whose evaluation kills or outlasts its worker there is left out of the
         rows (logged). Evaluation releases nothing private, so evaluating a client twice counts nothing twice."""
@@ -355,7 +356,7 @@ class RayEngine:
                 log.warning(
                     "evaluation: clients %s left out (their evaluation killed or outlasted a worker)", left
                 )
-        return np.concatenate(out) if out else np.zeros((0, 4))
+        return np.concatenate(out) if out else np.zeros((0, EVAL_WIDTH))
 
     def _replace(self, i: int, why: str) -> None:
         """Kill worker ``i`` (if it still runs) and start a fresh one in its place; return once it is ready."""

@@ -126,6 +126,12 @@ def cnn2d(
     return nn.Sequential(*layers)
 
 
+def _flag(option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"invalid model.{option}={value!r}: allowed true or false")
+    return value
+
+
 def _sequence_length(model: str, input_shape: Sequence[int]) -> int:
     if len(input_shape) != 1 or isinstance(input_shape[0], bool) or int(input_shape[0]) < 1:
         raise ValueError(
@@ -136,17 +142,21 @@ def _sequence_length(model: str, input_shape: Sequence[int]) -> int:
 
 
 class CharLSTM(nn.Module):
-    """Token ids ``[n, T]`` -> Embedding -> LSTM -> Linear on the last time step -> ``[n, num_classes]``."""
+    """Token ids ``[n, T]`` -> Embedding -> LSTM -> Linear on the last time step -> ``[n, num_classes]``
+    (``per_token``: on every step -> ``[n, T, num_classes]``)."""
 
-    def __init__(self, vocab: int, embedding_dim: int, hidden: int, layers: int, num_classes: int) -> None:
+    def __init__(
+        self, vocab: int, embedding_dim: int, hidden: int, layers: int, num_classes: int, per_token: bool
+    ) -> None:
         super().__init__()
+        self.per_token = per_token
         self.embed = nn.Embedding(vocab, embedding_dim)
         self.lstm = nn.LSTM(embedding_dim, hidden, num_layers=layers, batch_first=True)
         self.out = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.lstm(self.embed(x.long()))
-        return self.out(h[:, -1])
+        return self.out(h if self.per_token else h[:, -1])
 
 
 def lstm(
@@ -156,11 +166,13 @@ def lstm(
     hidden: int = 256,
     layers: int = 2,
     vocab: int | None = None,
+    per_token: bool = False,
 ) -> nn.Module:
     """LEAF's Shakespeare model (Caldas et al.): an ``embedding_dim``-dim character embedding, ``layers`` stacked
     LSTMs of ``hidden`` units and a linear layer on the last time step. Inputs are token ids ``[n, seq_len]``
     in ``[0, vocab)`` (``vocab`` defaults to ``num_classes``: next-token prediction). The defaults are LEAF's
-    (8, 256, 2: about 0.8M parameters with 81 classes)."""
+    (8, 256, 2: about 0.8M parameters with 81 classes). ``per_token``: the linear layer on every step, logits
+    ``[n, seq_len, num_classes]``, for sequence targets (``shakespeare`` with ``targets = "sequence"``)."""
     _sequence_length("lstm", input_shape)
     return CharLSTM(
         _positive_int("vocab", num_classes if vocab is None else vocab),
@@ -168,12 +180,15 @@ def lstm(
         _positive_int("hidden", hidden),
         _positive_int("layers", layers),
         num_classes,
+        _flag("per_token", per_token),
     )
 
 
 class CharTransformer(nn.Module):
     """Token ids ``[n, T]`` -> token + learned position embeddings -> encoder layers -> Linear on the last
-    position -> ``[n, num_classes]``. No causal mask: the label (the next token) is outside the window."""
+    position -> ``[n, num_classes]``. No causal mask: the label (the next token) is outside the window.
+    ``per_token``: a causal mask (position t sees positions <= t) and the linear layer on every position ->
+    ``[n, T, num_classes]``."""
 
     def __init__(
         self,
@@ -185,8 +200,10 @@ class CharTransformer(nn.Module):
         ff: int,
         dropout: float,
         num_classes: int,
+        per_token: bool,
     ) -> None:
         super().__init__()
+        self.per_token = per_token
         self.embed = nn.Embedding(vocab, d_model)
         self.position = nn.Embedding(seq_len, d_model)
         self.layers = nn.ModuleList(
@@ -198,9 +215,14 @@ class CharTransformer(nn.Module):
         x = x.long()
         positions = torch.arange(x.shape[1], device=x.device).expand_as(x)  # [n, T], like the ids
         h = self.embed(x) + self.position(positions)
+        if not self.per_token:
+            for layer in self.layers:
+                h = layer(h)
+            return self.out(h[:, -1])
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device, dtype=h.dtype)
         for layer in self.layers:
-            h = layer(h)
-        return self.out(h[:, -1])
+            h = layer(h, src_mask=causal, is_causal=True)
+        return self.out(h)
 
 
 def transformer(
@@ -212,12 +234,14 @@ def transformer(
     ff: int = 128,
     dropout: float = 0.0,
     vocab: int | None = None,
+    per_token: bool = False,
 ) -> nn.Module:
     """A small Transformer encoder over token ids ``[n, seq_len]``: a token embedding plus a learned position
     embedding (``d_model`` wide), ``layers`` ``nn.TransformerEncoderLayer`` (``heads`` heads, feed-forward
     ``ff``, ReLU, post-norm, ``dropout``, batch first) and a linear layer on the last position. ``vocab``
     defaults to ``num_classes`` (next-token prediction). No weights are tied (fedsim refuses parameters shared
-    between layers). With the defaults and 81 classes: about 77k parameters."""
+    between layers). With the defaults and 81 classes: about 77k parameters. ``per_token``: causal attention
+    and logits ``[n, seq_len, num_classes]`` at every position, for sequence targets."""
     seq_len = _sequence_length("transformer", input_shape)
     d = _positive_int("d_model", d_model)
     h = _positive_int("heads", heads)
@@ -234,6 +258,7 @@ def transformer(
         _positive_int("ff", ff),
         float(dropout),
         num_classes,
+        _flag("per_token", per_token),
     )
 
 

@@ -26,7 +26,8 @@ from scipy.stats import rankdata
 
 
 def client_losses(rows: np.ndarray) -> np.ndarray:
-    """Mean loss per client from evaluation rows ``[client, n, loss_sum, correct]`` (clients with data only)."""
+    """Mean loss per client from evaluation rows (:data:`fedsim.training.evaluation.COLUMNS`: ``[client, n,
+    loss_sum, ...]``; clients with data only)."""
     rows = np.asarray(rows, dtype=float)
     keep = rows[:, 1] > 0
     return rows[keep, 2] / rows[keep, 1]

@@ -16,6 +16,7 @@ import numpy as np
 from fedsim.privacy import Mechanism, compose_same_cohort, epsilon_curve
 from fedsim.privacy.paper import audit_closed_forms, generalization_statement, min_population
 from fedsim.report.rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
+from fedsim.training.evaluation import COL
 
 
 def round_mechanisms(strategy: Any, population: int) -> dict[str, Mechanism]:
@@ -50,10 +51,15 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
     diag = row.get(NON_PRIVATE, {})
     failed = diag.get("failed") or {}
     failures = (" failed " + ",".join(f"{k}={v}" for k, v in failed.items())) if failed else ""
+    extra = "".join(
+        f" {label} {f(row[f'heldout_{k}'], '.2f')}"
+        for k, label in (("perplexity", "ppl"), ("metric", "metric"))
+        if f"heldout_{k}" in row
+    )
     return (
         f"round {row['round']:>3}/{rounds} | cohort {diag.get('cohort', '?'):>3}{failures} | "
         f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))} | "
-        f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))} | "
+        f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))}{extra} | "
         f"gap {f(diag.get('gap_accuracy'), '+.3f')} | "
         f"eps {'inf (not private)' if row.get('private') is False else f(row['epsilon'], '.3f')} "
         f"(delta={row['delta']:.0e}, {row['accountant']}) | "
@@ -82,6 +88,10 @@ def format_epsilon(row: dict[str, Any], key: str = "epsilon", spec: str = ".3f")
     return "n/a"
 
 
+#: client-level means reported only for some tasks: sequence tasks (perplexity), a ``model.metric`` (metric)
+EXTRA_MEANS: tuple[str, ...] = ("perplexity", "metric")
+
+
 def evaluation_columns(
     data: Any, train_rows: np.ndarray | None, heldout_rows: np.ndarray | None
 ) -> dict[str, Any]:
@@ -94,6 +104,7 @@ def evaluation_columns(
     if heldout_rows is not None:
         ho = client_means(heldout_rows)
         cols.update(heldout_loss=ho["loss"], heldout_accuracy=ho["accuracy"])
+        cols.update({f"heldout_{k}": ho[k] for k in EXTRA_MEANS if k in ho})
         if data.num_domains > 1:
             cols["domains_heldout"] = domain_means(heldout_rows, data)
             cols["worst_domain_heldout_loss"] = max(
@@ -102,6 +113,7 @@ def evaluation_columns(
     if train_rows is not None:
         tr = client_means(train_rows)
         diag: dict[str, Any] = {"train_loss": tr["loss"], "train_accuracy": tr["accuracy"]}
+        diag.update({f"train_{k}": tr[k] for k in EXTRA_MEANS if k in tr})
         if heldout_rows is not None:
             diag.update(
                 gap_loss=cols["heldout_loss"] - tr["loss"],
@@ -295,14 +307,29 @@ def audit(scenario: Any, strategy: Any, population: int) -> dict[str, Any]:
     return out
 
 
-def client_means(rows: np.ndarray) -> dict[str, float]:
-    """Client-level means (each client weighs the same: the unit of privacy and of generalization)."""
-    rows = rows[rows[:, 1] > 0]
+def client_means(rows: np.ndarray) -> dict[str, Any]:
+    """Client-level means of evaluation rows (:data:`fedsim.training.evaluation.COLUMNS`): each client weighs the
+    same, the unit of privacy and of generalization. ``loss``: the mean over clients of their mean per-example
+    loss; ``accuracy``: of ``correct / scored`` (token accuracy for a sequence task); for a sequence task with the
+    default cross-entropy, ``perplexity``: ``exp`` of the mean over clients of their per-token negative
+    log-likelihood; with a ``model.metric``, ``metric``: the mean over clients of its per-example mean."""
+    rows = rows[rows[:, COL["examples"]] > 0]
     if rows.size == 0:
         return {"loss": math.nan, "accuracy": math.nan, "clients": 0}
-    loss = rows[:, 2] / rows[:, 1]
-    acc = rows[:, 3] / rows[:, 1]
-    return {"loss": float(loss.mean()), "accuracy": float(acc.mean()), "clients": int(rows.shape[0])}
+    n, scored = rows[:, COL["examples"]], rows[:, COL["scored"]]
+    out: dict[str, Any] = {"loss": float((rows[:, COL["loss_sum"]] / n).mean())}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = rows[:, COL["correct"]] / scored
+        nll = rows[:, COL["nll_sum"]] / scored
+    acc, nll = acc[np.isfinite(acc)], nll[np.isfinite(nll)]
+    out["accuracy"] = float(acc.mean()) if acc.size else math.nan
+    if nll.size:
+        out["perplexity"] = float(math.exp(min(nll.mean(), 700.0)))
+    metric = rows[:, COL["metric_sum"]]
+    if np.isfinite(metric).any():
+        out["metric"] = float(np.nanmean(metric / n))
+    out["clients"] = int(rows.shape[0])
+    return out
 
 
 def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:

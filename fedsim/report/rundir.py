@@ -42,6 +42,8 @@ DATA_PUBLIC_KEYS = frozenset(
         "seed",
         "input_shape",
         "input_dim",
+        "target_shape",
+        "targets",
         "num_classes",
         "num_domains",
         "domain_sizes",

@@ -21,9 +21,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.factories import build_model, describe, per_example, resolve_loss
+from fedsim.factories import (
+    build_model,
+    cross_entropy,
+    describe,
+    per_example,
+    resolve_loss,
+    resolve_metric,
+)
 from fedsim.round import NoiseSource, PartialSum, bounded_value, clip_update
 
+from .evaluation import WIDTH as EVAL_WIDTH
+from .evaluation import evaluate_outputs
 from .layers import DropoutMasks, client_dropout, dropout_layers
 from .shuffle import client_orders
 from .vectorized import TrainingPath, choose_path, chunk_plan, train_chunk
@@ -55,7 +64,8 @@ class TrainSettings:
 
     ``model``: the model factory, a ``"package.module:function"`` reference (resolved in the worker) or a
     callable; ``model_kwargs``: its options; ``loss``: ``"cross_entropy"``, a reference or a callable
-    (:mod:`fedsim.factories`); ``vectorize``: ``auto``, ``per-layer``, ``vmap`` or ``loop``
+    (:mod:`fedsim.factories`); ``metric``: ``None`` or a reference or callable giving one value per example,
+    reported on evaluation; ``vectorize``: ``auto``, ``per-layer``, ``vmap`` or ``loop``
     (:func:`fedsim.training.vectorized.choose_path`; ``True``/``False`` mean ``auto``/``loop``).
     """
 
@@ -69,6 +79,7 @@ class TrainSettings:
     seed: int = 0
     vectorize: Any = "auto"
     loss: Any = "cross_entropy"
+    metric: Any = None
 
     @classmethod
     def from_scenario(cls, scenario: Any) -> TrainSettings:
@@ -83,6 +94,7 @@ class TrainSettings:
             seed=scenario.seed,
             vectorize=scenario.engine.vectorize,
             loss=scenario.model.loss,
+            metric=scenario.model.metric,
         )
 
 
@@ -122,15 +134,16 @@ def client_tensors(x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, 
 
 
 def probe_examples(data: Any, device: torch.device, n: int = 8) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For the checks that choose a training path, when the data's inputs are integers (token ids): up to ``n`` real
-    training examples (the first training clients'), so that a model that takes ids is checked on valid ids. None
-    for float inputs, which are checked on random inputs as before (that check, and the fallback reasons that
-    ``summary.json`` publishes, then depend on the model and the settings only), and when there are no examples."""
+    """For the checks that choose a training path: up to ``n`` real training examples (the first training
+    clients') when the data's inputs are integers (token ids), so that a model that takes ids is checked on valid
+    ids. Float inputs are checked on standard normal inputs (that check, and the fallback reasons ``summary.json``
+    publishes, then depend on the model and the settings only): ``None`` for labels, or, for sequence targets,
+    random inputs and random targets of the data's shapes. ``None`` too when there are no examples."""
     xs, ys, have = [], [], 0
     for cid in np.asarray(data.train_clients)[:50]:
         x, y = client_tensors(*data.client_data(int(cid)), device)
         if x.is_floating_point():
-            return None
+            return _random_examples(data, tuple(y.shape[1:]), device, n) if y.dim() > 1 else None
         if len(y):
             xs.append(x[: n - have])
             ys.append(y[: n - have])
@@ -140,29 +153,64 @@ def probe_examples(data: Any, device: torch.device, n: int = 8) -> tuple[torch.T
     return (torch.cat(xs), torch.cat(ys)) if xs else None
 
 
+def _random_examples(
+    data: Any, target_shape: tuple[int, ...], device: torch.device, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(4321)
+    x = torch.randn(n, *data.input_shape, generator=gen)
+    y = torch.randint(0, max(1, int(data.num_classes)), (n, *target_shape), generator=gen)
+    return x.to(device), y.to(device)
+
+
+#: clients whose token ids :func:`check_fits` scans for the extreme ids
+SCAN_CLIENTS = 2000
+
+
 def check_fits(settings: TrainSettings, data: Any) -> None:
-    """The model runs on the data before anything else does: a forward pass and the loss on a few real examples
-    of a training client, and the explicitly requested training path's check (``engine.vectorize`` ``per-layer``
-    or ``vmap``). Raises a ``ValueError`` that names the model, the data's shapes and what failed, instead of a
-    shape error deep in training (or a worker that dies at start-up)."""
+    """The model runs on the data before anything else does: a forward pass, the loss (and ``model.metric``) on a
+    few real examples of a training client and, for integer inputs, on the examples holding the smallest and the
+    largest id among the first :data:`SCAN_CLIENTS` clients; then the explicitly requested training path's check
+    (``engine.vectorize`` ``per-layer`` or ``vmap``). Raises a ``ValueError`` that names the model, the data's
+    shapes and what failed (outputs that do not match the targets, a vocabulary smaller than the ids, a loss of
+    the wrong shape), instead of a shape error deep in training (or a worker that dies at start-up)."""
     model = make_model(settings, data.input_shape, data.num_classes)
     loss = resolve_loss(settings.loss)
+    metric = resolve_metric(settings.metric)
+    target_shape = tuple(getattr(data, "target_shape", ()))  # a duck-typed data object may not say
+    target = f"targets {list(target_shape)} per example" if target_shape else "one label per example"
     what = (
-        f"the model {describe(settings.model)!r} does not fit the data (examples of shape "
-        f"{list(data.input_shape)}, {data.num_classes} classes)"
+        f"the model {describe(settings.model)!r} does not fit the data (inputs {list(data.input_shape)} per "
+        f"example, {target}, {data.num_classes} classes)"
     )
+    cpu = torch.device("cpu")
+    x = y = None
     for cid in np.asarray(data.train_clients)[:20]:
-        x, y = client_tensors(*data.client_data(int(cid)), torch.device("cpu"))
-        if len(y):
-            model.eval()
-            try:
-                with torch.no_grad():
-                    per_example(loss, model(x[:4]), y[:4])
-            except Exception as exc:
-                raise ValueError(f"{what}: {type(exc).__name__}: {exc}") from None
+        cx, cy = client_tensors(*data.client_data(int(cid)), cpu)
+        if len(cy):
+            x, y = cx[:4], cy[:4]
             break
+    if x is not None and y is not None:
+        ids = None if x.is_floating_point() else _extreme_ids(data, cpu)
+        if ids is not None:
+            x, y = torch.cat([x, ids[0]]), torch.cat([y, ids[1]])
+        model.eval()
+        try:
+            with torch.no_grad():
+                outputs = model(x)
+        except Exception as exc:
+            raise ValueError(f"{what}: the forward pass failed: {_forward_failure(model, x, exc)}") from None
+        _check_outputs(outputs, y, loss, data.num_classes, what)
+        try:
+            with torch.no_grad():
+                per_example(loss, outputs, y)
+                if metric is not None:
+                    per_example(metric, outputs, y, "metric")
+        except Exception as exc:
+            raise ValueError(
+                f"{what}: for outputs {list(outputs.shape)} and targets {list(y.shape)}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
     if settings.vectorize in ("per-layer", "vmap"):  # asked for explicitly: refused here if it cannot train
-        cpu = torch.device("cpu")
         choose_path(
             model,
             tuple(data.input_shape),
@@ -171,6 +219,64 @@ def check_fits(settings: TrainSettings, data: Any) -> None:
             cpu,
             settings.vectorize,
             examples=probe_examples(data, cpu),
+        )
+
+
+def _extreme_ids(data: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The examples holding the smallest and the largest input id among the first :data:`SCAN_CLIENTS` clients."""
+    low: tuple[Any, np.ndarray, np.ndarray] | None = None  # (id, x [1, ...], y [1, ...])
+    high: tuple[Any, np.ndarray, np.ndarray] | None = None
+    for cid in range(min(int(data.num_clients), SCAN_CLIENTS)):
+        x, y = data.client_data(cid)
+        if len(y) == 0:
+            continue
+        flat = np.asarray(x).reshape(len(y), -1)
+        mins, maxs = flat.min(1), flat.max(1)
+        i, j = int(mins.argmin()), int(maxs.argmax())
+        if low is None or mins[i] < low[0]:
+            low = (mins[i], x[i : i + 1], y[i : i + 1])
+        if high is None or maxs[j] > high[0]:
+            high = (maxs[j], x[j : j + 1], y[j : j + 1])
+    if low is None or high is None:
+        return None
+    (x_lo, y_lo), (x_hi, y_hi) = (client_tensors(e[1], e[2], device) for e in (low, high))
+    return torch.cat([x_lo, x_hi]), torch.cat([y_lo, y_hi])
+
+
+def _forward_failure(model: nn.Module, x: torch.Tensor, exc: Exception) -> str:
+    """What a failed forward pass says, and for integer inputs that an ``nn.Embedding`` refuses, the ids' range
+    and the vocabularies of the model's Embedding layers."""
+    said = f"{type(exc).__name__}: {exc}"
+    tables = [(name, m.num_embeddings) for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    if x.is_floating_point() or not tables or not isinstance(exc, (IndexError, RuntimeError)):
+        return said
+    lo, hi = (int(v) for v in torch.aminmax(x))
+    sizes = ", ".join(f"{name or '<root>'!r}: {v}" for name, v in tables)
+    return (
+        f"{said}; the input ids range over [{lo}, {hi}]; the model's nn.Embedding layers hold {sizes} rows: an "
+        f"id outside [0, rows) is refused (a vocabulary smaller than the ids? give the model at least {hi + 1})"
+    )
+
+
+def _check_outputs(outputs: Any, y: torch.Tensor, loss: Any, num_classes: int, what: str) -> None:
+    """The default cross-entropy's shapes: logits ``[n, classes]`` for labels ``[n]``, ``[n, *T, classes]`` for
+    targets ``[n, *T]``, with at least the data's ``num_classes`` classes."""
+    if not isinstance(outputs, torch.Tensor):
+        raise ValueError(f"{what}: the model returned {type(outputs).__name__}: allowed a tensor")
+    if loss is not cross_entropy:
+        return
+    if outputs.dim() != y.dim() + 1 or outputs.shape[:-1] != y.shape:
+        allowed = (
+            f"logits [{', '.join(map(str, y.shape))}, classes]: cross_entropy takes logits [n, classes] for "
+            "labels [n], or [n, *T, classes] for sequence targets [n, *T]"
+        )
+        raise ValueError(
+            f"{what}: the model outputs {list(outputs.shape)} for targets {list(y.shape)}; allowed {allowed}"
+        )
+    if outputs.shape[-1] < num_classes:
+        raise ValueError(
+            f"{what}: the model outputs {outputs.shape[-1]} classes (outputs {list(outputs.shape)}) but the data "
+            f"has {num_classes} (targets up to {num_classes - 1}): allowed at least {num_classes} logits"
         )
 
 
@@ -201,6 +307,7 @@ class ClientTrainer:
             {} if data.num_clients <= cache_clients else None
         )
         self.loss = resolve_loss(settings.loss)
+        self.metric = resolve_metric(settings.metric)
         self.has_dropout = bool(dropout_layers(self.model))
         #: how cohorts are trained: per-layer, vmap or loop (the first that agrees with the model run alone)
         self.path: TrainingPath = choose_path(
@@ -483,17 +590,15 @@ class ClientTrainer:
 
     @torch.no_grad()
     def evaluate(self, client_ids: list[int] | np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Per client: ``[client, num_examples, loss_sum, correct]`` (float64 array, one row per client)."""
+        """One row per client, float64, in the layout of :data:`fedsim.training.evaluation.COLUMNS`:
+        ``[client, examples, loss_sum, correct, scored, nll_sum, metric_sum]``."""
         self._load(self._global(weights))
         self.model.eval()
-        rows = np.zeros((len(client_ids), 4))
+        rows = np.zeros((len(client_ids), EVAL_WIDTH))
         for i, cid in enumerate(client_ids):
             x, y = self._tensors(int(cid))
             if y.shape[0] == 0:
-                rows[i] = (cid, 0, 0.0, 0.0)
+                rows[i, 0] = cid
                 continue
-            outputs = self.model(x)
-            loss = per_example(self.loss, outputs, y).sum()
-            correct = (outputs.argmax(1) == y).sum()
-            rows[i] = (cid, y.shape[0], float(loss), float(correct))
+            rows[i] = (cid, y.shape[0], *evaluate_outputs(self.model(x), y, self.loss, self.metric))
         return rows

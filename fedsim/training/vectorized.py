@@ -102,13 +102,14 @@ def _per_layer_step(stacked: StackedModel, loss: Callable[..., torch.Tensor]) ->
         masks: DropoutMasks | None,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
-        a, b = y.shape
+        a, b = y.shape[:2]
         with torch.enable_grad():
             out = stacked.forward(leaves, x, masks)
-            if fused and out.dim() == 3:
+            if fused and out.dim() == 3 and y.dim() == 2:  # labels; sequence targets take the generic loss
                 losses = masked_cross_entropy(out, y, mask, count)
             else:
-                per = per_example(loss, out.reshape(a * b, *out.shape[2:]), y.reshape(a * b)).view(a, b)
+                flat_y = y.reshape(a * b, *y.shape[2:])
+                per = per_example(loss, out.reshape(a * b, *out.shape[2:]), flat_y).view(a, b)
                 losses = (per * mask).sum(1) / count
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
         return dict(zip(leaves, grads, strict=True)), losses.detach()

@@ -38,7 +38,8 @@ def _sets(*items: str) -> list[str]:
                 "model.factory=user_models:cnn",
                 "data.dataset=synthetic",
             ],
-            "the model 'user_models:cnn' does not fit the data (examples of shape [60], 10 classes): RuntimeError",
+            "the model 'user_models:cnn' does not fit the data (inputs [60] per example, one label per example, "
+            "10 classes): the forward pass failed: RuntimeError",
         ),
         (
             [

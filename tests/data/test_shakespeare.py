@@ -90,6 +90,21 @@ def test_inputs_are_ids_and_labels_the_next_character(fresh_cache, plays):
         assert np.array_equal(y, fd.text[fd.client_starts(cid) + 80])
 
 
+def test_sequence_targets_are_the_next_character_at_every_position(fresh_cache, plays):
+    nxt = shk.build_shakespeare(seed=0, **SMALL)
+    seq = shk.build_shakespeare(seed=0, targets="sequence", **SMALL)
+    assert seq.target_shape == (80,) and nxt.target_shape == ()
+    for cid in (0, seq.num_clients - 1):
+        x, y = seq.client_data(cid)
+        x_next, y_next = nxt.client_data(cid)
+        assert np.array_equal(x, x_next) and y.shape == x.shape
+        assert np.array_equal(y[:, :-1], x[:, 1:])  # the window shifted by one ...
+        assert np.array_equal(y[:, -1], y_next)  # ... ending with LEAF's label
+        assert shk.decode(x[0]) + shk.decode(y[0, -1:]) in plays[seq.roles[cid]]
+    with pytest.raises(ValueError, match="targets"):
+        shk.build_shakespeare(seed=0, targets="tokens", **SMALL)
+
+
 def test_vocabulary_is_leafs_with_one_unknown_id():
     assert len(shk.LEAF_LETTERS) == 80 and shk.UNKNOWN_ID == 80
     ids = shk.encode("Ab }\n$é")

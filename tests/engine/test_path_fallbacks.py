@@ -3,7 +3,7 @@
 prints it in one line before round 1 (the ``fedsim`` logger, WARNING), not once per round or per worker. The rows
 are unchanged: they name the path only.
 
-The model is defined here, as a user's would be, and named ``test_path_fallbacks:gru`` (this folder is put on
+The model is defined here, as a user's would be, and named ``test_path_fallbacks:bilinear`` (this folder is put on
 ``sys.path``; the CLI's subprocess gets it through ``PYTHONPATH``).
 """
 
@@ -29,27 +29,25 @@ from fedsim.scenarios import load_scenario
 
 HERE = Path(__file__).resolve().parent
 SMALL = ["engine.name=local", "data.num_clients=10", "engine.checkpoint_every=0"]
-GRU = ["model.name=none", "model.hidden=none", "model.factory=test_path_fallbacks:gru"]
-LINE = "local training: vmap (per-layer: GRU at 'gru' holds parameters"
+BILINEAR = ["model.name=none", "model.hidden=none", "model.factory=test_path_fallbacks:bilinear"]
+LINE = "local training: vmap (per-layer: Bilinear at 'mix' holds parameters"
 
 
-class Recurrent(nn.Module):
-    """A GRU over the flattened input read as a short sequence: no per-layer rule knows ``nn.GRU``, vmap trains it."""
+class Pairwise(nn.Module):
+    """Products of the input's features (``nn.Bilinear``): no per-layer rule knows it, vmap trains it."""
 
     def __init__(self, features: int, classes: int) -> None:
         super().__init__()
-        self.steps = 4 if features % 4 == 0 else 1
-        self.gru = nn.GRU(features // self.steps, 8, batch_first=True)
+        self.mix = nn.Bilinear(features, features, 8)
         self.head = nn.Linear(8, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
-        out, _ = self.gru(x.reshape(x.shape[0], self.steps, -1))
-        return self.head(out[:, -1])
+        return self.head(torch.tanh(self.mix(x, x)))
 
 
-def gru(input_shape, num_classes):
-    return Recurrent(math.prod(input_shape), num_classes)
+def bilinear(input_shape, num_classes):
+    return Pairwise(math.prod(input_shape), num_classes)
 
 
 class Silent:
@@ -73,19 +71,21 @@ class Silent:
 
 @pytest.fixture(autouse=True)
 def _importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))  # test_path_fallbacks:gru, whatever pytest's import mode
+    monkeypatch.syspath_prepend(str(HERE))  # test_path_fallbacks:bilinear, whatever pytest's import mode
 
 
 def _lines(records) -> list[str]:
     return [r.getMessage() for r in records if r.getMessage().startswith("local training:")]
 
 
-def test_a_gru_falls_back_to_vmap_and_says_why_in_the_summary_and_in_one_log_line(tmp_path, caplog):
-    scenario = load_scenario("quickstart", [*SMALL, *GRU, "rounds=2"])
+def test_a_layer_without_a_rule_falls_back_to_vmap_and_says_why_in_the_summary_and_one_line(tmp_path, caplog):
+    scenario = load_scenario("quickstart", [*SMALL, *BILINEAR, "rounds=2"])
     exp = build_experiment(scenario)
     engine = LocalEngine(exp.data, exp.settings)
     assert engine.training_path == "vmap"
-    assert len(engine.training_fallbacks) == 1 and engine.training_fallbacks[0].startswith("per-layer: GRU")
+    assert len(engine.training_fallbacks) == 1 and engine.training_fallbacks[0].startswith(
+        "per-layer: Bilinear"
+    )
     with caplog.at_level(logging.WARNING, logger="fedsim"):
         result = run_scenario(scenario, tmp_path / "run", engine=engine)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -116,7 +116,7 @@ def test_a_model_on_its_first_path_has_no_fallbacks_and_no_line(tmp_path, caplog
 def test_an_engine_that_does_not_say_is_unknown_unless_the_path_is_forced(
     tmp_path, caplog, vectorize, path, fallbacks
 ):
-    scenario = load_scenario("quickstart", [*SMALL, *GRU, "rounds=1", f"engine.vectorize={vectorize}"])
+    scenario = load_scenario("quickstart", [*SMALL, *BILINEAR, "rounds=1", f"engine.vectorize={vectorize}"])
     exp = build_experiment(scenario)
     with caplog.at_level(logging.WARNING, logger="fedsim"):
         result = run_scenario(scenario, tmp_path / "run", engine=Silent(exp.data, exp.settings))
@@ -136,7 +136,7 @@ def test_the_line_is_one_line_whatever_the_reasons_hold():
 
 def test_fedsim_run_prints_the_line_once_before_round_1_with_two_ray_workers(tmp_path):
     """The CLI end to end, on the Ray engine (its workers report the reason; the driver prints it once)."""
-    sets = [*SMALL, *GRU, "rounds=2", "engine.name=ray", "engine.num_workers=2"]
+    sets = [*SMALL, *BILINEAR, "rounds=2", "engine.name=ray", "engine.num_workers=2"]
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # unbuffered: the merged order is real
     args = [sys.executable, "-m", "fedsim.cli", "run", "quickstart", "--no-progress"]

@@ -1,0 +1,66 @@
+"""What evaluating the global model on one client gives: one row of :data:`COLUMNS` per client.
+
+Classification (labels ``[n]``, outputs ``[n, classes]``) and sequence tasks (targets ``[n, *T]``, outputs
+``[n, *T, classes]``) share one layout, so that every engine, the Flower ClientApp and the reports handle both:
+
+* ``examples``, ``loss_sum``: the number of examples and the sum of their per-example losses (the user's loss, or
+  the default cross-entropy, which for a sequence is each example's mean over its scored tokens);
+* ``correct``, ``scored``: predictions (argmax over the last axis of the outputs) equal to the target, and the
+  number of targets scored: every label for classification, every token that is not
+  :data:`~fedsim.factories.IGNORE_INDEX` for a sequence. Accuracy is ``correct / scored``: token accuracy for a
+  sequence task. NaN when the outputs are not ``[*target_shape, classes]`` (a user loss on another shape);
+* ``nll_sum``: for a sequence task with the default cross-entropy, the summed negative log-likelihood of the
+  scored tokens (perplexity is ``exp(nll_sum / scored)``); NaN otherwise;
+* ``metric_sum``: the sum over examples of the scenario's ``model.metric``; NaN without one.
+
+:func:`client_means` in :mod:`fedsim.report.rows` turns rows into client-level means (each client weighs the
+same, the unit of privacy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fedsim.factories import IGNORE_INDEX, cross_entropy, per_example
+
+COLUMNS: tuple[str, ...] = ("client", "examples", "loss_sum", "correct", "scored", "nll_sum", "metric_sum")
+"""The columns of an evaluation row, in order."""
+WIDTH = len(COLUMNS)
+COL = {name: i for i, name in enumerate(COLUMNS)}
+
+
+def is_sequence(targets: torch.Tensor) -> bool:
+    """Targets with a time (or other) axis after the example axis: a sequence task."""
+    return targets.dim() > 1
+
+
+def evaluate_outputs(
+    outputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, float, float, float, float]:
+    """``(loss_sum, correct, scored, nll_sum, metric_sum)`` of one client's outputs (see the module docstring)."""
+    loss_sum = float(per_example(loss, outputs, targets).sum())
+    if outputs.dim() == targets.dim() + 1 and outputs.shape[:-1] == targets.shape:
+        keep = targets != IGNORE_INDEX
+        correct = float(((outputs.argmax(-1) == targets) & keep).sum())
+        scored = float(keep.sum())
+    else:
+        correct, scored = math.nan, float(targets.shape[0])
+    nll_sum = math.nan
+    if loss is cross_entropy and is_sequence(targets):
+        nll_sum = float(
+            F.cross_entropy(
+                outputs.reshape(-1, outputs.shape[-1]),
+                targets.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
+        )
+    metric_sum = math.nan if metric is None else float(per_example(metric, outputs, targets, "metric").sum())
+    return loss_sum, correct, scored, nll_sum, metric_sum
