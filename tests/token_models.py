@@ -46,7 +46,7 @@ def bag_of_tokens(input_shape, num_classes, dim: int = 8, vocab: int = VOCAB, pa
 
 
 class TokenGRU(nn.Module):
-    """A recurrent token model: the per-layer rules know no GRU, so it trains on vmap or the loop."""
+    """A recurrent token model: Embedding -> GRU -> Linear on the last step (per-layer rules for all three)."""
 
     def __init__(self, vocab: int, classes: int) -> None:
         super().__init__()

@@ -10,7 +10,14 @@ the rules here are registered per layer type (:func:`register`), found by walkin
 
 * Layers with parameters: Linear (batched matrix products), Conv1d/Conv2d/Conv3d (one grouped convolution
   with K groups), LayerNorm and GroupNorm (the normalisation is per example; the affine part per client), Embedding
-  (one lookup in the clients' tables stacked end to end).
+  (one lookup in the clients' tables stacked end to end); RNN, LSTM and GRU (the input projections of all time
+  steps in one batched product, the recurrence one batched product per step, its backward written out) and
+  MultiheadAttention (per-client projections around one attention over the stacked batch), in
+  :mod:`fedsim.training.sequence_layers`. With these, ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``
+  need no rule of their own: their children have rules.
+* A rule may own its layer's descendants (:func:`register`'s ``owns_children``): MultiheadAttention's forward
+  uses its ``out_proj`` child's parameters directly, so its rule gets them (``"out_proj.weight"``) and the walk
+  does not visit the child.
 * Parameter-free layers that act on each example alone (activations, Flatten, pooling, ...) need no rule:
   they run as they are on the ``K * B`` batch (:data:`PER_EXAMPLE`).
 * Dropout draws each client's masks from the client's own generator (:class:`DropoutMasks`), the same masks
@@ -39,9 +46,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Rule = Callable[..., torch.Tensor]
-#: layer type -> ``rule(module, params, k, masks, x) -> y`` on ``x [K*B, ...]`` with ``params[local] [K, ...]``
-RULES: dict[type[nn.Module], Rule] = {}
+Rule = Callable[..., Any]
+#: why a rule cannot run a layer as it is configured (``None``: it can)
+Check = Callable[[nn.Module], str | None]
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """How the per-layer path runs one layer type (see :func:`register`)."""
+
+    forward: Rule
+    owns_children: bool = False
+    check: Check | None = None
+
+
+#: layer type -> its rule: ``forward(module, params, k, masks, x, *args, **kwargs)`` on ``x [K*B, ...]`` with
+#: ``params[local] [K, ...]``
+RULES: dict[type[nn.Module], LayerRule] = {}
 
 #: parameter-free layers that act on each example alone: they run unchanged on the stacked batch
 PER_EXAMPLE: tuple[type[nn.Module], ...] = (
@@ -74,12 +95,23 @@ class Unsupported(Exception):
     """The per-layer path cannot train this model; the message says which layer and why."""
 
 
-def register(*types: type[nn.Module]) -> Callable[[Rule], Rule]:
-    """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule)."""
+def register(
+    *types: type[nn.Module], owns_children: bool = False, check: Check | None = None
+) -> Callable[[Rule], Rule]:
+    """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule).
+
+    ``rule(module, params, k, masks, x, *args, **kwargs)`` replaces the layer's ``forward`` (it receives the
+    same arguments) for a stacked batch of ``k`` clients; ``params`` holds the layer's parameters ``[K, *shape]``
+    by their names in the layer.
+
+    ``owns_children``: the rule also applies the parameters of the layer's descendants (``params`` then holds
+    them by their names relative to the layer, ``"out_proj.weight"``), and :func:`plan` neither visits nor
+    refuses the descendants. ``check(module)``: why the rule cannot run this layer as it is configured, or
+    ``None``; :func:`plan` refuses the model with that reason and the layer's place in it."""
 
     def deco(rule: Rule) -> Rule:
         for t in types:
-            RULES[t] = rule
+            RULES[t] = LayerRule(rule, owns_children, check)
         return rule
 
     return deco
@@ -106,10 +138,15 @@ class _StackedLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
+def stacked_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [K, N, in]`` -> ``x[k] @ w[k]^T + b[k]`` ``[K, N, out]`` for weights ``[K, out, in]``, biases ``[K, out]``."""
+    return _StackedLinear.apply(x, w, b)
+
+
 @register(nn.Linear)
 def _linear(m: nn.Linear, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
     w = p["weight"]
-    y = _StackedLinear.apply(x.reshape(k, -1, x.shape[-1]), w, p.get("bias"))  # [K, B * (other dims), out]
+    y = stacked_linear(x.reshape(k, -1, x.shape[-1]), w, p.get("bias"))  # [K, B * (other dims), out]
     return y.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -158,15 +195,19 @@ def _group_norm(
     return yk.reshape(y.shape)
 
 
-@register(nn.Embedding)
+def _embedding_check(m: nn.Embedding) -> str | None:
+    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+        return "with max_norm, scale_grad_by_freq or sparse has no per-layer rule"
+    return None
+
+
+@register(nn.Embedding, check=_embedding_check)
 def _embedding(
     m: nn.Embedding, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor
 ) -> torch.Tensor:
     """One lookup in the K clients' tables stacked end to end: client k's ids are offset by ``k * num_embeddings``.
     An id outside ``[0, num_embeddings)`` is an ``IndexError`` here, as in ``nn.Embedding``: offset, it would
     silently read another client's table. ``padding_idx`` rows get no gradient (their output is detached)."""
-    if m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
-        raise Unsupported("nn.Embedding with max_norm, scale_grad_by_freq or sparse has no per-layer rule")
     w = p["weight"]  # [K, num_embeddings, dim]
     v = w.shape[1]
     if x.numel():
@@ -291,12 +332,21 @@ def plan(model: nn.Module) -> list[_Bound]:
             raise Unsupported(f"parameter {name!r} is shared with {owner[id(param)]!r} (tied weights)")
         owner[id(param)] = name
     out: list[_Bound] = []
+    owned: set[int] = set()  # the descendants of layers whose rule owns them
     for name, m in model.named_modules():
+        if id(m) in owned:
+            continue
         own = {n: p for n, p in m._parameters.items() if p is not None}
         rule = RULES.get(type(m))
         if rule is not None:
+            reason = None if rule.check is None else rule.check(m)
+            if reason is not None:
+                raise Unsupported(f"{type(m).__name__} at {name or '<root>'!r} {reason}")
+            if rule.owns_children:
+                owned.update(id(d) for d in m.modules() if d is not m)
+                own = dict(m.named_parameters())
             prefix = f"{name}." if name else ""
-            out.append(_Bound(m, rule, {n: prefix + n for n in own}))
+            out.append(_Bound(m, rule.forward, {n: prefix + n for n in own}))
         elif own:
             raise Unsupported(
                 f"{type(m).__name__} at {name or '<root>'!r} holds parameters ({', '.join(own)}) and no "
@@ -337,7 +387,7 @@ class StackedModel:
 
 def dropout_layers(model: nn.Module) -> list[nn.Module]:
     """The Dropout layers of ``model`` that draw per-client masks."""
-    return [m for m in model.modules() if RULES.get(type(m)) is _dropout]
+    return [m for m in model.modules() if type(m) in RULES and RULES[type(m)].forward is _dropout]
 
 
 @contextlib.contextmanager
@@ -431,3 +481,7 @@ def check_agreement(
                 # on real examples the reason names no number computed from them (summary.json publishes it)
                 by = "" if examples is not None else f" by {float((got - want).abs().max()):.3g}"
                 raise Unsupported(f"client {j}'s gradient of {name!r} differs from the model run alone{by}")
+
+
+# the sequence layers' rules register themselves on import (they use the helpers above)
+from . import sequence_layers as _sequence_layers  # noqa: E402, F401

@@ -169,18 +169,31 @@ def _activations_per_example(
     model: nn.Module, input_shape: tuple[int, ...], device: torch.device, x: torch.Tensor | None = None
 ) -> int:
     """Floats every module outputs for one example (what autograd keeps for the backward, roughly), on ``x`` (two
-    real examples) or zeros."""
+    real examples) or zeros: every tensor a module returns (an LSTM's output and states, attention's output and
+    weights), and for a recurrent layer the gates it keeps for every step, which it does not return."""
+    inputs = torch.zeros(2, *input_shape, device=device) if x is None else x[:2]
+    n = max(1, int(inputs.shape[0]))
     total = 0
 
-    def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+    def floats(out: Any) -> int:
+        if isinstance(out, torch.Tensor):
+            return out.numel()
+        if isinstance(out, (tuple, list)):
+            return sum(floats(o) for o in out)
+        return 0
+
+    def hook(m: nn.Module, _i: Any, out: Any) -> None:
         nonlocal total
-        if isinstance(out, torch.Tensor) and out.dim() > 0:
-            total += out.numel() // max(1, out.shape[0])
+        total += floats(out) // n
+        if isinstance(m, nn.RNNBase) and isinstance(out, tuple) and isinstance(out[0], torch.Tensor):
+            steps = out[0].shape[1] if m.batch_first else out[0].shape[0]
+            gates = {"LSTM": 4, "GRU": 3}.get(m.mode, 1) * m.hidden_size
+            total += m.num_layers * (2 if m.bidirectional else 1) * steps * gates
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
         with torch.no_grad():
-            model(torch.zeros(2, *input_shape, device=device) if x is None else x[:2])
+            model(inputs)
     except Exception:  # the model may not run on zeros in this shape: leave the estimate to the caller
         total = 0
     finally:
@@ -222,6 +235,12 @@ def choose_path(
                 if requested == "per-layer":
                     raise ValueError(f"engine.vectorize='per-layer' cannot train this model: {exc}") from None
                 fallbacks.append(f"per-layer: {exc}")
+            except Exception as exc:  # the model raised under the rules (an Embedding on random float inputs)
+                if requested == "per-layer":
+                    raise ValueError(
+                        f"engine.vectorize='per-layer' cannot train this model: {type(exc).__name__}: {exc}"
+                    ) from None
+                fallbacks.append(_refusal("per-layer", exc, examples))
         try:
             # vmap's dropout is not the per-client generators': check it with dropout off
             model.train(not dropout_layers(model))
@@ -231,16 +250,19 @@ def choose_path(
         except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
             if requested == "vmap":
                 raise ValueError(f"engine.vectorize='vmap' cannot train this model: {exc}") from None
-            if examples is None:
-                fallbacks.append(f"vmap: {type(exc).__name__}: {exc}")
-            else:  # raised on real examples: its text may quote them (an id), and summary.json publishes reasons
-                log.info("vmap refused on real examples: %s: %s", type(exc).__name__, exc)
-                fallbacks.append(
-                    f"vmap: {type(exc).__name__} on real examples (its message: the worker's log)"
-                )
+            fallbacks.append(_refusal("vmap", exc, examples))
         return TrainingPath("loop", None, tuple(fallbacks), acts)
     finally:
         model.train(was_training)
+
+
+def _refusal(path: str, exc: Exception, examples: Any) -> str:
+    """Why ``path`` cannot train the model, as ``summary.json`` publishes it: an error raised on real examples is
+    named by its type only (its text may quote them, an id), the whole message going to the worker's log."""
+    if examples is None:
+        return f"{path}: {type(exc).__name__}: {exc}"
+    log.info("%s refused on real examples: %s: %s", path, type(exc).__name__, exc)
+    return f"{path}: {type(exc).__name__} on real examples (its message: the worker's log)"
 
 
 def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:

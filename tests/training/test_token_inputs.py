@@ -76,25 +76,26 @@ def test_padding_rows_get_no_gradient_and_ids_outside_the_vocabulary_are_refused
         )  # offset, 5 is client 1's id 0
 
 
-def test_a_token_model_runs_end_to_end_vectorised_and_a_recurrent_one_falls_back(tmp_path):
-    fast = run_scenario(_scenario("bag_of_tokens"), write=False)
-    assert {r["local_training"] for r in fast.rows} == {"per-layer"}
-    loop = run_scenario(_scenario("bag_of_tokens", "engine.vectorize=loop"), write=False)
-    np.testing.assert_allclose(fast.weights, loop.weights, rtol=1e-4, atol=1e-6)
-    gru = run_scenario(_scenario("token_gru"), write=False)  # no rule for nn.GRU: checked on real ids
-    assert gru.rows[-1]["local_training"] in ("vmap", "loop")
+def test_token_models_run_end_to_end_vectorised_recurrent_ones_too(tmp_path):
+    for model in ("bag_of_tokens", "token_gru"):  # nn.GRU has a per-layer rule (checked on real ids)
+        fast = run_scenario(_scenario(model), write=False)
+        assert {r["local_training"] for r in fast.rows} == {"per-layer"}
+        loop = run_scenario(_scenario(model, "engine.vectorize=loop"), write=False)
+        np.testing.assert_allclose(fast.weights, loop.weights, rtol=1e-4, atol=1e-6)
 
 
 def test_a_refusal_on_real_examples_publishes_no_text_computed_from_them():
     from fedsim.factories import resolve_loss
     from fedsim.training.vectorized import choose_path
 
-    class Branchy(nn.Module):  # data-dependent control flow: neither per-layer (GRU) nor vmap can batch it
+    class Branchy(
+        nn.Module
+    ):  # data-dependent control flow: neither per-layer (Bilinear) nor vmap can batch it
         def __init__(self) -> None:
             super().__init__()
-            self.embed, self.gru, self.out = (
+            self.embed, self.mix, self.out = (
                 nn.Embedding(30, 4),
-                nn.GRU(4, 4, batch_first=True),
+                nn.Bilinear(4, 4, 4),
                 nn.Linear(4, 2),
             )
 
@@ -102,7 +103,7 @@ def test_a_refusal_on_real_examples_publishes_no_text_computed_from_them():
             h = self.embed(x)
             if h.sum() > 0:
                 h = -h
-            return self.out(self.gru(h)[0][:, -1])
+            return self.out(self.mix(h[:, -1], h[:, -1]))
 
     x, y = torch.randint(0, 30, (8, 5)), torch.randint(0, 2, (8,))
     cpu, loss = torch.device("cpu"), resolve_loss("cross_entropy")
