@@ -126,21 +126,37 @@ def steady(times: list[float]) -> float:
 
 # ---------------------------------------------------------------- fedsim
 def run_fedsim(
-    w: dict[str, Any], data: Any, vectorize: bool, engine: str = "ray", workers: int = 2
+    w: dict[str, Any],
+    data: Any,
+    vectorize: bool,
+    engine: str = "ray",
+    workers: int = 2,
+    sc: Any = None,
 ) -> dict[str, Any]:
+    """One ``run_scenario`` on the prepared ``data``: ``sc`` (default: :func:`scenario`'s MLP on MNIST-1D).
+
+    Besides the timings, the training path the engine's trainers took (``path``), why they refused the faster
+    ones (``fallbacks``, as ``summary.json`` publishes them) and what the rounds' clients ran on (``used``)."""
     import ray
 
     from fedsim import experiment
     from fedsim.engine import runner
 
-    sc = scenario(w, vectorize, engine, workers)
-    original = experiment.build_data
+    sc = scenario(w, vectorize, engine, workers) if sc is None else sc
+    original, build_engine = experiment.build_data, runner.build_engine
+    started: list[Any] = []
+
+    def capture(*a: Any, **k: Any) -> Any:  # the engine run_scenario starts: it says which path it took
+        started.append(build_engine(*a, **k))
+        return started[-1]
+
     experiment.build_data = lambda _s: data  # the prepared data (its preparation is timed separately)
+    runner.build_engine = capture
     t0 = time.perf_counter()
     try:
         res = runner.run_scenario(sc, write=False)
     finally:
-        experiment.build_data = original
+        experiment.build_data, runner.build_engine = original, build_engine
     e2e = time.perf_counter() - t0
     if ray.is_initialized():
         ray.shutdown()
@@ -151,9 +167,15 @@ def run_fedsim(
     tt = [r["non_private"]["train_time_s"] for r in body]
     cohorts = [r["non_private"]["cohort"] for r in body]
     s = steady(rt)
+    eng = started[0] if started else None
+    path = str(getattr(eng, "training_path", None) or (rows[0].get("local_training") if rows else None))
+    used = sorted(
+        {u for r in rows for u in str(r["non_private"].get("local_training_used", "")).split(",") if u}
+    )
+    last = rows[-1]["non_private"] if rows else {}
     return {
         "name": (f"fedsim Ray {workers}x{2 // workers} CPU" if engine == "ray" else "fedsim Local (1 proc)")
-        + f" ({'auto: per-layer' if vectorize else 'loop'})",
+        + f" ({f'auto: {path}' if vectorize else 'loop'})",
         "s_round": s,
         "train_s_round": steady(tt),
         "updates_s": float(np.mean(cohorts[STEADY_SKIP:] or cohorts)) / s,
@@ -161,6 +183,11 @@ def run_fedsim(
         "startup": res.timings.get("setup_s", 0.0) + res.timings.get("engine_start_s", 0.0),
         "first": float(sum(rt[:STEADY_SKIP])),
         "rounds": len(rows),
+        "path": path,
+        "fallbacks": tuple(getattr(eng, "training_fallbacks", None) or ()),
+        "used": used,
+        # the last round's evaluation of the model (every training client: diagnostics), in the end-to-end time
+        "final_eval_s": float(last.get("round_time_s", math.nan) - last.get("train_time_s", math.nan)),
     }
 
 
@@ -177,8 +204,16 @@ def _bench_cache() -> dict:
     return mod.store  # type: ignore[attr-defined]
 
 
+def flower_model(w: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The model both engines train: ``w["model"]`` with ``w["model_kwargs"]``, else the MLP of ``w["hidden"]``."""
+    if "model" in w:
+        return str(w["model"]), dict(w.get("model_kwargs", {}))
+    return "mlp", {"hidden": [w["hidden"]]}
+
+
 def make_flower_client_app():
-    """Our ClientApp: trains the MLP on its partition (``partition-id``), returns the whole model."""
+    """Our ClientApp: trains the workload's model (:func:`flower_model`) on its partition (``partition-id``) with
+    plain SGD, returns the whole model."""
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
 
@@ -186,25 +221,30 @@ def make_flower_client_app():
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
+        import json
+
         import numpy as np
         import torch
 
         from fedsim.models import build_model
 
         cache = _bench_cache()
-        if "data" not in cache:
+        path = os.environ["FEDSIM_BENCH_DATA"]
+        if cache.get("path") != path:
             torch.set_num_threads(1)
-            z = np.load(os.environ["FEDSIM_BENCH_DATA"])
-            cache["data"] = {k: z[k] for k in z.files}
+            z = np.load(path)
+            cache.clear()
+            cache["path"], cache["data"] = path, {k: z[k] for k in z.files}
         d = cache["data"]
         pid = int(context.node_config["partition-id"])
-        rows = d["rows"][d["offsets"][pid] : d["offsets"][pid + 1]]
-        x = torch.as_tensor(d["x"][rows])
-        y = torch.as_tensor(d["y"][rows])
-        hidden, lr, batch, epochs = (int(d["hidden"]), float(d["lr"]), int(d["batch"]), int(d["epochs"]))
+        x = torch.as_tensor(d["x"][d["offsets"][pid] : d["offsets"][pid + 1]])
+        y = torch.as_tensor(d["y"][d["offsets"][pid] : d["offsets"][pid + 1]])
+        lr, batch, epochs = float(d["lr"]), int(d["batch"]), int(d["epochs"])
         model = cache.get("model")
         if model is None:
-            model = cache["model"] = build_model("mlp", x.shape[1], 10, hidden=[hidden])
+            kwargs = json.loads(str(d["model_kwargs"]))
+            shape = tuple(int(v) for v in d["input_shape"])
+            model = cache["model"] = build_model(str(d["model"]), shape, int(d["num_classes"]), **kwargs)
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         loss_fn = torch.nn.CrossEntropyLoss()
@@ -225,7 +265,9 @@ def make_flower_client_app():
     return app
 
 
-def make_flower_server_app(w: dict[str, Any], stamps_path: str):
+def make_flower_server_app(
+    w: dict[str, Any], stamps_path: str, input_shape: tuple[int, ...] = (40,), num_classes: int = 10
+):
     from flwr.app import ArrayRecord, Context, MetricRecord
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
@@ -233,11 +275,12 @@ def make_flower_server_app(w: dict[str, Any], stamps_path: str):
     from fedsim.models import build_model
 
     app = ServerApp()
+    name, kwargs = flower_model(w)
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(w["seed"])
-        model = build_model("mlp", 40, 10, hidden=[w["hidden"]])
+        model = build_model(name, input_shape, num_classes, **kwargs)
         fedavg = FedAvg(
             fraction_train=w["per_round"] / w["num_clients"],
             fraction_evaluate=0.0,
@@ -264,33 +307,40 @@ def make_flower_server_app(w: dict[str, Any], stamps_path: str):
     return app
 
 
-def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
+def run_flower(w: dict[str, Any], data: Any, tag: str = "partition") -> dict[str, Any]:
+    """Flower's Simulation Engine on the prepared ``data`` (client ``c`` is the node of ``partition-id`` c), the
+    workload's model (:func:`flower_model`) wrapped in Flower's server-side fixed-clipping DP strategy."""
+    import json
     import logging
 
     import ray
     from flwr.simulation import run_simulation
 
-    path = os.path.join(_TMP, "partition.npz")
+    path = os.path.join(_TMP, f"{tag}.npz")
+    clients = [data.client_data(c) for c in range(data.num_clients)]
+    name, kwargs = flower_model(w)
     np.savez(
         path,
-        x=data.x,
-        y=data.y,
-        rows=data._rows,
-        offsets=data._offsets,
-        hidden=w["hidden"],
+        x=np.concatenate([x for x, _ in clients]),
+        y=np.concatenate([y for _, y in clients]),
+        offsets=np.concatenate([[0], np.cumsum([len(y) for _, y in clients])]).astype(np.int64),
+        model=name,
+        model_kwargs=json.dumps(kwargs),
+        input_shape=np.asarray(data.input_shape, dtype=np.int64),
+        num_classes=data.num_classes,
         lr=w["lr"],
         batch=w["batch"],
         epochs=w["epochs"],
     )
     os.environ["FEDSIM_BENCH_DATA"] = path
-    stamps = os.path.join(_TMP, "flower-stamps.txt")
+    stamps = os.path.join(_TMP, f"{tag}-flower-stamps.txt")
     if os.path.exists(stamps):
         os.remove(stamps)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     t0 = time.perf_counter()
     wall0 = time.time()
     run_simulation(
-        server_app=make_flower_server_app(w, stamps),
+        server_app=make_flower_server_app(w, stamps, tuple(data.input_shape), data.num_classes),
         client_app=make_flower_client_app(),
         num_supernodes=w["num_clients"],
         backend_config={
@@ -301,8 +351,10 @@ def run_flower(w: dict[str, Any], data: Any) -> dict[str, Any]:
     e2e = time.perf_counter() - t0
     if ray.is_initialized():
         ray.shutdown()
-    with open(stamps) as fh:
-        marks = sorted((int(a), float(b)) for a, b in (ln.split() for ln in fh if ln.strip()))
+    marks = []
+    if os.path.exists(stamps):
+        with open(stamps) as fh:
+            marks = sorted((int(a), float(b)) for a, b in (ln.split() for ln in fh if ln.strip()))
     ts = [b for _, b in marks]
     per_round = list(np.diff(ts))
     if len(per_round) < w["rounds"]:
@@ -445,14 +497,78 @@ def floor_func(w: dict[str, Any], data: Any, rounds: int) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- training paths of the CNNs
+# ---------------------------------------------------------------- training paths
+PATHS = ("per-layer", "vmap", "loop")
+
+
+def path_rates(
+    data: Any,
+    model: str,
+    model_kwargs: dict[str, Any],
+    w: dict[str, Any],
+    cohort: int,
+    reps: int,
+) -> dict[str, dict[str, Any]]:
+    """Client updates per second of one worker (the calling process, as many torch threads as it has) training
+    the same ``cohort`` clients of ``data`` with the same SGD on each training path of :data:`PATHS`; the median
+    of ``reps`` timed rounds after one warm-up round, the paths taking turns round by round, so that a machine
+    that slows down slows them all.
+
+    Per path: ``rate`` (updates/s), ``s_round`` (median seconds), ``times``, ``used`` (what the clients' metrics
+    say they ran on: a vectorised chunk that raises is trained again on the loop); a path that cannot train the
+    model has ``rate`` None and ``reason``: why, as fedsim says it (the ``ValueError`` of ``engine.vectorize``
+    naming that path)."""
+    from fedsim.models import MODEL_FACTORIES
+    from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
+
+    cids = [int(c) for c in data.train_clients[:cohort]]
+    out: dict[str, dict[str, Any]] = {}
+    trainers = {}
+    for path in PATHS:
+        s = TrainSettings(
+            model=MODEL_FACTORIES.get(model, model),
+            model_kwargs=dict(model_kwargs),
+            local_epochs=w["epochs"],
+            batch_size=w["batch"],
+            lr=w["lr"],
+            seed=0,
+            vectorize=path,
+        )
+        try:
+            trainer = ClientTrainer(data, s, device="cpu")
+        except ValueError as exc:  # this path cannot train this model: fedsim says why
+            reason = str(exc).split("cannot train this model: ", 1)[-1]
+            out[path] = {"rate": None, "s_round": None, "times": [], "used": [], "reason": reason}
+            continue
+        weights = initial_weights(s, data.input_shape, data.num_classes)
+        trainer.train(ClientPlan(1, cids, w["clip"]), weights)  # warm-up (first-call costs)
+        trainers[path] = (trainer, weights)
+        out[path] = {"times": [], "used": set(), "reason": None}
+    for r in range(reps):
+        for path, (trainer, weights) in trainers.items():
+            t = time.perf_counter()
+            _, metrics = trainer.train(ClientPlan(2 + r, cids, w["clip"]), weights)
+            out[path]["times"].append(time.perf_counter() - t)
+            out[path]["used"] |= {str(m.get("trainer")) for m in metrics}
+    for path in trainers:
+        o = out[path]
+        o["s_round"] = float(np.median(o["times"]))
+        o["rate"] = len(cids) / o["s_round"]
+        o["used"] = sorted(o["used"])
+    return out
+
+
+def path_label(path: str, r: dict[str, Any]) -> str:
+    """``path``, and what its clients ran on when that differs (a chunk retried on the loop)."""
+    used = r.get("used") or []
+    return path if not used or used == [path] else f"{path} (ran: {','.join(used)})"
+
+
 def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
     """Client updates per second of one worker (1 process, 1 thread) training a cohort, per training path:
     the Conv2d CNN on the digits as 1x8x8 images and CNN1D on MNIST-1D, each on the per-layer path, on vmap and
     on the per-client loop (the same clients, the same SGD; only the path differs)."""
     from fedsim.data import build_federated_data
-    from fedsim.models import MODEL_FACTORIES
-    from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 
     cases = [
         ("cnn2d", build_federated_data("digits", num_clients=max(cohort, 100), partitioner="iid", seed=0)),
@@ -478,51 +594,30 @@ def paths_report(w: dict[str, Any], cohort: int, reps: int) -> None:
     print(f"{'model':8s} {'data':18s} {'path':10s} {'updates/s':>10s} {'s/round':>9s}")
     try:
         for model, data in cases:
-            cids = [int(c) for c in data.train_clients[:cohort]]
-            trainers = {}
-            for path in ("per-layer", "vmap", "loop"):
-                s = TrainSettings(
-                    model=MODEL_FACTORIES[model],
-                    model_kwargs={},
-                    local_epochs=w["epochs"],
-                    batch_size=w["batch"],
-                    lr=w["lr"],
-                    seed=0,
-                    vectorize=path,
-                )
-                trainer = ClientTrainer(data, s, device="cpu")
-                weights = initial_weights(s, data.input_shape, data.num_classes)
-                trainer.train(ClientPlan(1, cids, w["clip"]), weights)  # warm-up (first-call costs)
-                trainers[path] = (trainer, weights)
-            # the paths take turns, round by round, so that a machine that slows down slows them all
-            times: dict[str, list[float]] = {p: [] for p in trainers}
-            for r in range(reps):
-                for path, (trainer, weights) in trainers.items():
-                    t = time.perf_counter()
-                    _, metrics = trainer.train(ClientPlan(2 + r, cids, w["clip"]), weights)
-                    times[path].append(time.perf_counter() - t)
-                    assert {m["trainer"] for m in metrics} == {path}
-            rates = {p: len(cids) / float(np.median(t)) for p, t in times.items()}
+            res = path_rates(data, model, {}, w, cohort, reps)
             label = f"{data.dataset} {'x'.join(map(str, data.input_shape))}"
-            for path, rate in rates.items():
+            for path, r in res.items():
+                if r["rate"] is None:
+                    print(f"{model:8s} {label:18s} {path:10s} n/a ({r['reason']})", flush=True)
+                    continue
                 print(
-                    f"{model:8s} {label:18s} {path:10s} {rate:10.1f} {np.median(times[path]):9.4f}",
+                    f"{model:8s} {label:18s} {path_label(path, r):10s} {r['rate']:10.1f} {r['s_round']:9.4f}",
                     flush=True,
                 )
             for path in ("per-layer", "vmap"):
-                print(
-                    f"{'':8s} {'':18s} {path:10s} speed-up over the loop: {rates[path] / rates['loop']:.2f}x"
-                )
+                rate = res[path]["rate"]
+                speed = "n/a" if rate is None else f"{rate / res['loop']['rate']:.2f}x"
+                print(f"{'':8s} {'':18s} {path:10s} speed-up over the loop: {speed}")
     finally:
         torch.set_num_threads(threads)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=None, help="rounds per engine (default 30; quick: 6)")
+def common_options(p: argparse.ArgumentParser, rounds: str, paths: str) -> None:
+    """The options this benchmark shares with benchmarks/language.py."""
+    p.add_argument("--rounds", type=int, default=None, help=f"rounds per engine ({rounds})")
     p.add_argument("--skip-flower", action="store_true", help="do not run Flower's Simulation Engine")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    p.add_argument("--skip-paths", action="store_true", help="skip the per-path report of the CNNs")
+    p.add_argument("--skip-paths", action="store_true", help=f"skip the {paths}")
     p.add_argument(
         "--worker-niceness",
         type=int,
@@ -530,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         help="set RAY_worker_niceness for both engines (Ray's default: 15, which starves Ray workers "
         "on a machine shared with other busy processes)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_options(p, "default 30; quick: 6", "per-path report of the CNNs")
     args = p.parse_args(argv)
     if args.worker_niceness is not None:
         os.environ["RAY_worker_niceness"] = str(args.worker_niceness)
