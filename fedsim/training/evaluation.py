@@ -23,7 +23,6 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from fedsim.factories import IGNORE_INDEX, cross_entropy, per_example
 
@@ -45,22 +44,17 @@ def evaluate_outputs(
     metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, float, float, float, float]:
     """``(loss_sum, correct, scored, nll_sum, metric_sum)`` of one client's outputs (see the module docstring)."""
-    loss_sum = float(per_example(loss, outputs, targets).sum())
+    losses = per_example(loss, outputs, targets)
+    loss_sum = float(losses.sum())
+    nll_sum = math.nan
     if outputs.dim() == targets.dim() + 1 and outputs.shape[:-1] == targets.shape:
         keep = targets != IGNORE_INDEX
         correct = float(((outputs.argmax(-1) == targets) & keep).sum())
         scored = float(keep.sum())
+        if loss is cross_entropy and is_sequence(targets):
+            # an example's loss is its mean over its scored tokens: times their number, their summed NLL
+            nll_sum = float((losses.double() * keep.reshape(len(targets), -1).sum(1)).sum())
     else:
         correct, scored = math.nan, float(targets.shape[0])
-    nll_sum = math.nan
-    if loss is cross_entropy and is_sequence(targets):
-        nll_sum = float(
-            F.cross_entropy(
-                outputs.reshape(-1, outputs.shape[-1]),
-                targets.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="sum",
-            )
-        )
     metric_sum = math.nan if metric is None else float(per_example(metric, outputs, targets, "metric").sum())
     return loss_sum, correct, scored, nll_sum, metric_sum
