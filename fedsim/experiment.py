@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.data import build_federated_data
+from fedsim.round import make_noise_source
 from fedsim.scenarios import Scenario
 from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
 from fedsim.training.trainer import TrainSettings, check_fits, initial_weights
@@ -125,9 +126,39 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
         max_epsilon=p.max_epsilon,
         seed=scenario.seed if p.randomness == "seeded" else None,  # None: OS entropy
         population=population,
-        noise=p.mechanism or "independent",
+        noise=make_noise_source(
+            p.mechanism or "independent",
+            scenario.seed if p.randomness == "seeded" else None,
+            **p.mechanism_options(),
+        ),
+        min_separation=p.min_separation,
+        max_participations=p.max_participations,
+        rounds=scenario.rounds,
         **extra,
     )
+
+
+def calibrated_noise_multiplier(strategy: DPFedAvg, population: int, scenario: Scenario) -> float:
+    """The noise multiplier meeting ``privacy.target_epsilon`` after ``rounds`` rounds at ``privacy.delta`` by the
+    scenario's certified accountant, for the strategy's sampling, schedule and mechanism over ``population``
+    training clients (rounded up: the target holds)."""
+    from fedsim.privacy.paper.calibration import calibrate_noise
+    from fedsim.privacy.schedule import calibrate_schedule
+
+    p = scenario.privacy
+    if strategy.accounting is not None:
+        return calibrate_schedule(
+            strategy.accounting, scenario.rounds, p.target_epsilon, p.delta, p.accountant
+        )
+    z = calibrate_noise(
+        strategy.mechanism(population), p.target_epsilon, p.delta, scenario.rounds, p.accountant
+    )
+    if z is None:
+        raise ValueError(
+            f"privacy.target_epsilon={p.target_epsilon}: no noise multiplier up to 1e4 meets it after "
+            f"{scenario.rounds} rounds at delta={p.delta}"
+        )
+    return float(z)
 
 
 def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
@@ -137,6 +168,10 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     settings = TrainSettings.from_scenario(scenario)
     check_fits(settings, data)
     strategy = build_strategy(scenario, None, data)
+    if scenario.privacy.target_epsilon is not None:
+        population = int(np.asarray(data.train_clients).size)
+        scenario.privacy.noise_multiplier = calibrated_noise_multiplier(strategy, population, scenario)
+        strategy = build_strategy(scenario, None, data)
     return Experiment(
         scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)
     )

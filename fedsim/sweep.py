@@ -247,6 +247,8 @@ def config_differences(existing: dict[str, Any], planned: dict[str, Any]) -> lis
         return toml_value(d[k]) if k in d else "absent"
 
     keys = sorted(k for k in {*run, *plan} if not _ignored(k))
+    if plan.get("privacy.target_epsilon") is not None:  # the noise multiplier is calibrated from the target
+        keys = [k for k in keys if k != "privacy.noise_multiplier"]
     return [
         f"{k}: {text(run, k)} in the run, {text(plan, k)} planned"
         for k in keys
@@ -595,7 +597,12 @@ def _run_facts(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     if isinstance(population, int) and population > 0:
         try:  # the scheme's own expected cohort (fedsim.round.sampling)
             cohort = Mechanism(
-                population=population, sampling=sampling, sampling_rate=rate, clients_per_round=per_round
+                population=population,
+                sampling=sampling,
+                sampling_rate=rate,
+                clients_per_round=per_round,
+                min_separation=privacy.get("min_separation"),
+                max_participations=privacy.get("max_participations"),
             ).expected_cohort
         except ValueError:  # refused by the schema anyway; the note then shows what was given
             pass

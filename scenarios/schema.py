@@ -29,10 +29,19 @@ from fedsim.data import DATASETS, PARTITIONERS
 from fedsim.models import MODEL_FACTORIES, MODELS
 from fedsim.privacy.accountants import ACCOUNTANTS
 from fedsim.registry import engine_names
-from fedsim.round import NOISE_PLACEMENTS, NOISE_SOURCES, RANDOMNESS, check_cohort, sampling_names
+from fedsim.round import (
+    NOISE_PLACEMENTS,
+    NOISE_SOURCES,
+    RANDOMNESS,
+    check_cohort,
+    check_schedule_combination,
+    mechanism_options,
+    sampler_class,
+    sampling_names,
+)
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
-from fedsim.validation import baseline_combinations, noise_and_clip
+from fedsim.validation import PrivacyInputError, baseline_combinations, noise_and_clip
 
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
@@ -59,6 +68,9 @@ def _registered(field: str, names: Callable[[], tuple[str, ...]]) -> Callable[[A
 
     return check
 
+
+#: the privacy section's fields that are a noise mechanism's options (each refused with another mechanism)
+MECHANISM_FIELDS = ("bands", "buffers", "estimator")
 
 #: the largest float32: training runs in float32, so a step size above it cannot even be applied
 FLOAT32_MAX = 3.4028234663852886e38
@@ -277,6 +289,12 @@ class PrivacyConfig(_Section):
         "un-noised; epsilon is infinite)",
     )
     noise_placement: NoisePlacement = "central"
+    target_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="calibrate noise_multiplier before the run so that the certified epsilon after `rounds` rounds "
+        "is this (for the run's sampling, schedule and mechanism; the value found is written to the config)",
+    )
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Annotated[str, AfterValidator(_registered("accountant", certified_accountants))] = Field(
         "pld",
@@ -288,6 +306,22 @@ class PrivacyConfig(_Section):
         None,
         description="the noise mechanism, a registered noise source (fedsim.round.NOISE_SOURCES); default "
         "independent: independent Gaussian noise every round",
+    )
+    min_separation: int | None = Field(
+        None,
+        ge=1,
+        description="a participation schedule's b: cyclic, the number of groups taking turns; min-separation, the "
+        "least number of rounds between one client's rounds",
+    )
+    max_participations: int | None = Field(
+        None, ge=1, description="min-separation: the most rounds one client takes part in (default: no cap)"
+    )
+    bands: int | None = Field(
+        None, ge=1, description="banded-mf: the strategy matrix's bands (default: min_separation)"
+    )
+    buffers: int | None = Field(None, ge=1, description="blt: the number of buffers (default 2)")
+    estimator: Literal["standard", "honaker"] | None = Field(
+        None, description="tree: the prefix-sum estimator (default standard)"
     )
     randomness: Randomness = Field(
         "seeded",
@@ -304,10 +338,36 @@ class PrivacyConfig(_Section):
         description="adaptive clipping: noise std of the clipped-count release (default: clients/20)",
     )
 
+    def mechanism_options(self) -> dict[str, Any]:
+        """The noise mechanism's options set in this section (``bands``, ``buffers``, ...)."""
+        return {k: getattr(self, k) for k in MECHANISM_FIELDS if getattr(self, k) is not None}
+
     @model_validator(mode="after")
     def _cohort(self) -> PrivacyConfig:
         # the sampling scheme's own rule (Sampler.check_cohort), so a scenario and the API refuse the same values
         check_cohort(self.sampling, self.sampling_rate, self.clients_per_round)
+        sampler = sampler_class(self.sampling)
+        sampler.check_schedule(self.min_separation, self.max_participations)
+        noise = NOISE_SOURCES[self.mechanism or "independent"]
+        allowed = mechanism_options(noise.name)
+        for key in self.mechanism_options():
+            if key not in allowed:
+                raise PrivacyInputError(
+                    key,
+                    getattr(self, key),
+                    f"is an option of mechanism {' or '.join(n for n in NOISE_SOURCES if key in mechanism_options(n))}"
+                    f", not of {noise.name!r} (its options: {', '.join(a for a in allowed if a in MECHANISM_FIELDS) or 'none'})",
+                )
+        check_schedule_combination(
+            sampler, noise, noise_placement=self.noise_placement, adaptive=self.adaptive_clip
+        )
+        if self.target_epsilon is not None and self.adaptive_clip:
+            raise PrivacyInputError(
+                "target_epsilon",
+                self.target_epsilon,
+                "is calibrated for the model update alone; with adaptive_clip the count release adds to epsilon: "
+                "set noise_multiplier and check the epsilon with max_epsilon instead",
+            )
         noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
         baseline_combinations(
             self.clip,
@@ -458,3 +518,18 @@ class Scenario(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+
+    @model_validator(mode="after")
+    def _agnostic_schedule(self) -> Scenario:
+        if self.agnostic.enabled and self.privacy.target_epsilon is not None:
+            raise PrivacyInputError(
+                "privacy.target_epsilon",
+                self.privacy.target_epsilon,
+                "is calibrated for the model update alone; agnostic FL's loss releases add to epsilon",
+            )
+        if self.agnostic.enabled:
+            p = self.privacy
+            check_schedule_combination(
+                sampler_class(p.sampling), NOISE_SOURCES[p.mechanism or "independent"], agnostic=True
+            )
+        return self

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedsim.flower import protocol
 from fedsim.privacy import Mechanism
-from fedsim.round import PartialSum, bounded_value, id_array, private_mean
+from fedsim.round import PartialSum, bounded_value, check_schedule_combination, id_array, private_mean
 from fedsim.validation import PrivacyInputError, positive_finite
 
 from .dpfedavg import DPFedAvg, RoundPlan
@@ -91,6 +91,7 @@ class DPAgnosticFedAvg(DPFedAvg):
         if kwargs.get("adaptive_clipping") is not None:
             raise ValueError("DPAgnosticFedAvg does not combine with adaptive clipping yet; use a fixed clip")
         super().__init__(**kwargs)
+        check_schedule_combination(self.sampler, self.noise, agnostic=True)
         if int(num_domains) < 1:
             raise PrivacyInputError("num_domains", num_domains, "must be an integer >= 1")
         lambda_lr = positive_finite("lambda_lr", lambda_lr)

@@ -30,7 +30,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.flower import protocol
-from fedsim.privacy import Ledger, Mechanism
+from fedsim.privacy import Ledger, Mechanism, ScheduleAccounting
 from fedsim.privacy.accountants import CERTIFIED
 from fedsim.report.rundir import NON_PRIVATE
 from fedsim.round import (
@@ -42,6 +42,7 @@ from fedsim.round import (
     RoundPlan,
     Sampler,
     bounded_value,
+    check_schedule_combination,
     id_array,
     make_noise_source,
     make_sampler,
@@ -184,6 +185,9 @@ class DPFedAvg(Strategy):
         ledger: Ledger | None = None,
         distributed_without_secagg: bool = False,
         noise: str | NoiseSource = "independent",
+        min_separation: int | None = None,
+        max_participations: int | None = None,
+        rounds: int | None = None,
     ) -> None:
         # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
         # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
@@ -205,6 +209,23 @@ class DPFedAvg(Strategy):
             adaptive=adaptive_clipping is not None,
         )
         sampling_rate, clients_per_round = self.sampler.check_cohort(sampling_rate, clients_per_round)
+        self.min_separation, self.max_participations = self.sampler.check_schedule(
+            min_separation, max_participations
+        )
+        #: whether rounds are accounted over a schedule (a participation schedule, correlated noise, or both)
+        self.scheduled = bool(self.sampler.scheduled or self.noise.correlated)
+        check_schedule_combination(
+            self.sampler,
+            self.noise,
+            noise_placement=noise_placement,
+            adaptive=adaptive_clipping is not None,
+        )
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+            raise PrivacyInputError("rounds", rounds, "must be an integer >= 1 (the run's rounds) or None")
+        self.rounds = rounds
+        if self.scheduled:  # a correlated mechanism fixes its strategy matrix for the schedule
+            self.noise.prepare(rounds, *self.schedule_bounds())
+        self._accounting: ScheduleAccounting | None = None
         delta = open_unit("delta", delta)
         one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
         if max_epsilon is not None:
@@ -255,6 +276,8 @@ class DPFedAvg(Strategy):
             self.clients_per_round,
             self.noise_multiplier,
             self.noise_placement,
+            self.min_separation,
+            self.max_participations,
         )
         key = (int(population), float(self.clip if clip is None else clip), *settings)
         if key not in self._mechanisms:  # one entry: the clip moves with adaptive clipping
@@ -270,6 +293,8 @@ class DPFedAvg(Strategy):
             clip=clip,
             noise_multiplier=self.noise_multiplier,
             noise_placement=self.noise_placement,
+            min_separation=self.min_separation,
+            max_participations=self.max_participations,
         )
 
     def _count_mechanism(self, model: Mechanism) -> Mechanism:
@@ -287,6 +312,37 @@ class DPFedAvg(Strategy):
         if self.adaptive_clipping is not None:
             releases.append((CLIP_COUNT, self._count_mechanism(model)))
         return releases
+
+    # ------------------------------------------------------------------ schedules and correlated noise
+    def schedule_bounds(self) -> tuple[int, int | None]:
+        """``(min_sep, k)``: how often one client may take part, as the accounting assumes it (every round for
+        ``all``)."""
+        if self.sampler.scheduled:
+            return int(self.min_separation), self.max_participations
+        return 1, None
+
+    @property
+    def accounting(self) -> ScheduleAccounting | None:
+        """How a scheduled run's rounds enter the ledger (None: each round is its own release)."""
+        if self.scheduled and self._accounting is None:
+            min_sep, k = self.schedule_bounds()
+            self._accounting = ScheduleAccounting(
+                self.noise,
+                self.sampling,
+                min_sep,
+                k,
+                within_rate=self.sampling_rate if self.sampler.scheduled else None,
+                amplifies=bool(getattr(self.sampler, "amplifies", False)),
+            )
+        return self._accounting
+
+    def accounted_releases(self, server_round: int, releases: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """What the ledger records for round ``server_round`` (this run's count, from 1): the round's releases, or,
+        for a scheduled run, the schedule's release (:class:`fedsim.privacy.ScheduledGaussian`)."""
+        accounting = self.accounting
+        if accounting is None:
+            return releases
+        return [(name, accounting.release(int(server_round), m)) for name, m in releases]
 
     @property
     def seed(self) -> int | None:
@@ -317,6 +373,7 @@ class DPFedAvg(Strategy):
         self.clip = float(state["clip"])
         self.server_optimizer.load_state_dict(state["server_optimizer"])
         self.ledger = Ledger.from_dict(state["ledger"])
+        self._accounting = None  # the noise source's restored strategy matrix decides it
 
     def epsilon(self) -> float:
         """Certified epsilon (at ``self.delta``) of every release so far."""
@@ -340,12 +397,13 @@ class DPFedAvg(Strategy):
             )
         model = self.mechanism(population)
         releases = self.round_releases(model)
+        accounted = [m for _, m in self.accounted_releases(server_round, releases)]
         if self.max_epsilon is not None and self.ledger.would_exceed(
-            model,
+            accounted[0],
             self.max_epsilon,
             self.delta,
             method=self.accountant,
-            releases=[m for _, m in releases[1:]],
+            releases=accounted[1:],
         ):
             raise BudgetExhausted(
                 f"stopping before round {server_round}: releasing it would take the certified epsilon "
@@ -399,7 +457,7 @@ class DPFedAvg(Strategy):
             diagnostics["clipped_fraction"] = float(np.mean(norms > plan.clip))
             diagnostics["median_update_norm"] = float(np.median(norms))
         metrics[NON_PRIVATE] = diagnostics
-        for name, mech in plan.releases:
+        for name, mech in self.accounted_releases(plan.round, plan.releases):
             self.ledger.record(round=self._round_offset + plan.round, mechanism=mech, name=name)
         self._after_release(plan, partial, metrics)
         metrics["epsilon"] = self.epsilon() if account else None

@@ -48,7 +48,7 @@ def test_a_sampling_scheme_from_outside_runs_and_is_accounted_by_its_own_meaning
     strategy = DPFedAvg(sampling=ReversedPoisson(seed=3), sampling_rate=0.5, seed=3)
     assert strategy.begin_round(1, range(40)).cohort.size > 0
     with pytest.raises(ScenarioError, match=f"must be one of poisson, fixed, all, .*{ReversedPoisson.name}"):
-        load_scenario("quickstart", ["privacy.sampling=cyclic"])
+        load_scenario("quickstart", ["privacy.sampling=round-robin"])
 
 
 def test_a_sampler_with_its_own_privacy_meaning_is_asked_not_switched_on():

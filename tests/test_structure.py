@@ -146,11 +146,17 @@ def test_schema_choices_are_the_registries():
         (schema.EngineConfig, "name", list(ENGINES), {}),
     ]:
         for name in names:
-            if field == "sampling":
-                extra = {} if name == "all" else {"clients_per_round": 1}
+            if field == "sampling":  # each scheme's own description of its cohort
+                extra = {
+                    "all": {},
+                    "cyclic": {"min_separation": 2},
+                    "min-separation": {"min_separation": 2, "sampling_rate": 0.5},
+                }.get(name, {"clients_per_round": 1})
+            if field == "mechanism" and NOISE_SOURCES[name].correlated:  # needs a participation schedule
+                extra = {"sampling": "cyclic", "min_separation": 2}
             assert getattr(section(**{field: name}, **extra), field) == name
         with pytest.raises(ValueError, match=", ".join(names)):
-            section(**{field: "nope"}, **extra)
+            section(**{field: "nope"}, **(cohort if field == "mechanism" else extra))
 
 
 @pytest.mark.parametrize(

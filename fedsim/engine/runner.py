@@ -29,6 +29,7 @@ from fedsim.report.checkpoint import (
 from fedsim.report.rows import summary_stop
 from fedsim.report.rundir import RunWriter, check_out, model_shape, new_run_dir, read_rows
 from fedsim.report.trackers import check_trackers
+from fedsim.round import NOISE_SOURCES
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
 from fedsim.training.trainer import TrainSettings, make_model
 
@@ -76,6 +77,8 @@ def run_scenario(
         check_out(out)
     drives_loop = engine is None and engine_entry(scenario.engine.name).drives_loop
     exp = None if drives_loop else build_experiment(scenario)
+    if write and exp is not None and scenario.privacy.target_epsilon is not None:
+        config_toml = config_text(scenario)  # with the noise multiplier calibrated for the target
     run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
     writer = RunWriter(run_dir) if run_dir else None
     if writer:
@@ -271,6 +274,18 @@ def resume_run(
     rewrite = not clean or len(rows) != ckpt.round
     rows = rows[: ckpt.round]
     extended, extended_toml = scenario, config_toml
+    if target > old and scenario.privacy.target_epsilon is not None:
+        raise CheckpointError(
+            f"rounds={target}: this run's noise multiplier was calibrated to privacy.target_epsilon="
+            f"{scenario.privacy.target_epsilon} over {old} rounds; more rounds would spend more than that target. "
+            "Start a new run with rounds and target_epsilon set together; nothing was changed"
+        )
+    if target > old and NOISE_SOURCES[scenario.privacy.mechanism or "independent"].correlated:
+        raise CheckpointError(
+            f"rounds={target}: mechanism {scenario.privacy.mechanism!r} fixed its strategy matrix for {old} rounds, "
+            f"so {target} rounds from here would not be the run that rounds={target} gives from scratch (whose "
+            "strategy is optimised for its own rounds). Start a new run; nothing was changed"
+        )
     if target > old:
         try:
             extended = load_scenario(str(config), [f"rounds={target}"])

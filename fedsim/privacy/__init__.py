@@ -7,6 +7,7 @@ Public API::
     register_accountant, certified_methods         # add an accountant; the certified ones now
     Ledger, DpRelease                              # released rounds (any release that knows its DP event)
     register_release_kind, RELEASE_KINDS           # a release kind a saved ledger loads back
+    ScheduledGaussian, ScheduleAccounting          # a round under a participation schedule or correlated noise
     PrivacyInputError
 
 What analyses the papers (generalization from privacy, the audit of the paper bounds, calibration) is in
@@ -30,6 +31,9 @@ from .accountants import (
 from .errors import PrivacyInputError
 from .ledger import RELEASE_KINDS, DpRelease, Ledger, register_release_kind
 from .mechanism import Mechanism, compose_same_cohort
+from .schedule import ScheduleAccounting, ScheduledGaussian
+
+register_release_kind(ScheduledGaussian)
 
 __all__ = [
     "ACCOUNTANTS",
@@ -43,6 +47,8 @@ __all__ = [
     "Ledger",
     "Mechanism",
     "PrivacyInputError",
+    "ScheduleAccounting",
+    "ScheduledGaussian",
     "accountant_names",
     "certified_methods",
     "compose_same_cohort",

@@ -31,6 +31,7 @@ default 1e-4 grid, which is 10-20x slower). Both are parameters.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -193,10 +194,7 @@ def _rdp_compose(events: tuple[tuple[Any, int], ...], relation: str, delta: floa
     from dp_accounting import dp_event, privacy_accountant  # as above
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)  # dp-accounting warns when it drops an order that did not converge
-    try:
+    with quiet_absl():
         acc = rdp.RdpAccountant(neighboring_relation=_relation(relation))
         for event, count in events:
             if not isinstance(event, dp_event.DpEvent):
@@ -206,6 +204,17 @@ def _rdp_compose(events: tuple[tuple[Any, int], ...], relation: str, delta: floa
             except privacy_accountant.UnsupportedEventError as exc:
                 raise unsupported_event("rdp", event, relation, exc) from None
         return float(acc.get_epsilon(delta))
+
+
+@contextlib.contextmanager
+def quiet_absl():
+    """dp-accounting's RDP warns (through absl) each time it drops an order that did not converge, which it
+    handles itself: silence that while it computes."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        yield
     finally:
         absl_logger.setLevel(level)
 

@@ -33,6 +33,9 @@ from fedsim.validation import PrivacyInputError, is_int, noise_and_clip, one_of,
 
 __all__ = ["NOISE_PLACEMENTS", "Mechanism", "compose_same_cohort"]
 
+#: a participation schedule's fields: saved only when set
+SCHEDULE_FIELDS = ("min_separation", "max_participations")
+
 
 @dataclass(frozen=True)
 class Mechanism:
@@ -42,6 +45,11 @@ class Mechanism:
     ``q``, or the expected cohort ``q*population``) and for ``fixed`` (the cohort size ``tau``, or
     ``tau/population``, which must then be a whole number of clients); neither for ``all`` (a value
     consistent with everyone, rate 1 or ``clients_per_round == population``, is accepted).
+
+    A participation schedule (``cyclic``, ``min-separation``) also takes ``min_separation`` (``b``: the groups of a
+    cyclic schedule, the least gap between one client's rounds otherwise) and, for ``min-separation``,
+    ``max_participations`` (``k``); ``sampling_rate`` is then the probability that a client who may take part
+    does. Such a round is accounted over its schedule (:class:`fedsim.privacy.ScheduledGaussian`), not alone.
     """
 
     population: int
@@ -52,6 +60,8 @@ class Mechanism:
     noise_multiplier: float = 1.0
     noise_placement: str = "central"
     diameter: float | None = None
+    min_separation: int | None = None
+    max_participations: int | None = None
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
@@ -72,6 +82,15 @@ class Mechanism:
         rate, cpr = scheme.check_cohort(self.sampling_rate, self.clients_per_round, self.population)
         object.__setattr__(self, "sampling_rate", rate)
         object.__setattr__(self, "clients_per_round", cpr)
+        sep, k = scheme.check_schedule(self.min_separation, self.max_participations)
+        object.__setattr__(self, "min_separation", sep)
+        object.__setattr__(self, "max_participations", k)
+        if sep is not None and self.population < scheme.min_population(self):
+            raise PrivacyInputError(
+                "min_separation",
+                sep,
+                f"must be at most the population ({self.population}) for {self.sampling!r}",
+            )
 
     # ------------------------------------------------------------------ derived quantities
     @property
@@ -138,7 +157,14 @@ class Mechanism:
 
     def sampling_key(self) -> tuple:
         """Identifies the cohort draw: releases with the same key in one round share the sampled cohort."""
-        return (self.sampling, self.population, round(self.q, 15), self.neighbouring)
+        return (
+            self.sampling,
+            self.population,
+            round(self.q, 15),
+            self.neighbouring,
+            self.min_separation,
+            self.max_participations,
+        )
 
     # ------------------------------------------------------------------ conversions
     def to_dp_event(self, relation: str | None = None):
@@ -192,17 +218,27 @@ class Mechanism:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Its fields; a participation schedule's (``min_separation``, ``max_participations``) only when set, so a
+        ledger of other rounds is saved exactly as before schedules existed."""
+        d = dataclasses.asdict(self)
+        for key in SCHEDULE_FIELDS:
+            if d[key] is None:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Mechanism:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - fields
-        if unknown:
-            raise PrivacyInputError(
-                "mechanism", sorted(unknown), f"unknown fields; allowed: {sorted(fields)}"
-            )
-        return cls(**d)
+        return from_fields(cls, d, "mechanism")
+
+
+def from_fields(cls: type, d: dict, name: str) -> object:
+    """The dataclass ``cls`` from its saved fields ``d``; an unknown field is a :class:`PrivacyInputError` naming it
+    (a ledger written by another version, or edited)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - fields
+    if unknown:
+        raise PrivacyInputError(name, sorted(unknown), f"unknown fields; allowed: {sorted(fields)}")
+    return cls(**d)
 
 
 def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:

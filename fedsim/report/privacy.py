@@ -23,6 +23,9 @@ import math
 import sys
 
 import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedsim.privacy.accountants import (
     ACCOUNTANTS,
@@ -32,12 +35,15 @@ from fedsim.privacy.accountants import (
     compute_curve,
     method_kind,
 )
+from fedsim.privacy.certified import quiet_absl
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import Mechanism
 from fedsim.privacy.paper.audit import audit_closed_forms
 from fedsim.privacy.paper.calibration import calibrate_noise
 from fedsim.privacy.paper.generalization import statement_curve
+from fedsim.privacy.schedule import ScheduleAccounting, calibrate_schedule
 from fedsim.report.rundir import json_safe
+from fedsim.round import NOISE_SOURCES, check_schedule_combination, make_noise_source
 from fedsim.round.sampling import sampling_names
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
@@ -56,6 +62,10 @@ _OPTION = {
     "delta": "--delta",
     "method": "--methods",
     "target_epsilon": "--target-epsilon",
+    "min_separation": "--min-separation",
+    "max_participations": "--max-participations",
+    "bands": "--bands",
+    "buffers": "--buffers",
 }
 
 
@@ -65,8 +75,33 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--clients-per-round", type=int, help="clients per round (fixed) or expected (poisson)")
     g.add_argument("--sampling-rate", type=float, help="sampling probability q in (0, 1]")
     p.add_argument(
-        "--sampling", default="poisson", help=f"one of {', '.join(sampling_names())} (default poisson)"
+        "--sampling",
+        "--schedule",
+        dest="sampling",
+        default="poisson",
+        help=f"who takes part: one of {', '.join(sampling_names())} (default poisson); cyclic and min-separation "
+        "are participation schedules",
     )
+    p.add_argument(
+        "--min-separation",
+        type=int,
+        default=None,
+        help="cyclic: the number of groups b; min-separation: the least rounds between one client's rounds",
+    )
+    p.add_argument(
+        "--max-participations",
+        type=int,
+        default=None,
+        help="min-separation: the most rounds one client takes",
+    )
+    p.add_argument(
+        "--mechanism",
+        default="independent",
+        help=f"the noise mechanism: one of {', '.join(NOISE_SOURCES)} (default independent)",
+    )
+    p.add_argument("--bands", type=int, default=None, help="banded-mf: bands (default: --min-separation)")
+    p.add_argument("--buffers", type=int, default=None, help="blt: buffers (default 2)")
+    p.add_argument("--estimator", default=None, help="tree: standard or honaker (default standard)")
     p.add_argument(
         "--noise-multiplier",
         type=float,
@@ -171,8 +206,14 @@ def _run(args: argparse.Namespace) -> int:
         clip=args.clip,
         noise_multiplier=z,
         noise_placement=args.noise_placement,
+        min_separation=args.min_separation,
+        max_participations=args.max_participations,
     )
     T, delta = int(args.rounds), float(args.delta)
+    options = {k: getattr(args, k) for k in ("bands", "buffers", "estimator") if getattr(args, k) is not None}
+    noise = make_noise_source(args.mechanism, 0, **options)
+    if mech.scheme.scheduled or noise.correlated:
+        return _run_scheduled(args, mech, noise, T, delta, methods)
 
     calibration = None
     if args.target_epsilon is not None:
@@ -221,6 +262,106 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     print(_human(mech, T, delta, curves, cert_method, gen, audit, calibration, args.target_epsilon))
+    return 0
+
+
+def _run_scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list[str]) -> int:
+    with quiet_absl():
+        return _scheduled(args, mech, noise, T, delta, methods)
+
+
+def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list[str]) -> int:
+    """A participation schedule or correlated noise: the certified epsilon of the first t rounds, from the
+    schedule's closed-form event (:meth:`fedsim.privacy.ScheduleAccounting.run_event`, what a run's ledger composes
+    round by round); the papers' closed forms do not describe these mechanisms."""
+    check_schedule_combination(mech.scheme, noise, noise_placement=mech.noise_placement)
+    sep, k = (mech.min_separation, mech.max_participations) if mech.scheme.scheduled else (1, None)
+    noise.prepare(T, sep, k)
+    accounting = ScheduleAccounting(
+        noise,
+        mech.sampling,
+        sep,
+        k,
+        within_rate=mech.sampling_rate if mech.scheme.scheduled else None,
+        amplifies=bool(getattr(mech.scheme, "amplifies", False)),
+    )
+    certified = [m for m in methods if m in ("pld", "rdp")]
+    skipped = [m for m in methods if m not in certified]
+    if not certified:
+        raise PrivacyInputError(
+            "method",
+            methods,
+            "a schedule or correlated noise is accounted by pld or rdp only (dp-accounting)",
+        )
+    accountants = {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}
+
+    def epsilon(method: str, t: int, z: float) -> float:
+        acc = accountants[method]()
+        event = accounting.run_event(t, z)
+        if isinstance(event, dp_event.NonPrivateDpEvent):
+            return math.inf
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+    calibration = None
+    z = mech.noise_multiplier
+    if args.target_epsilon is not None:
+        target = args.target_epsilon
+        if not (target > 0 and math.isfinite(target)):
+            raise PrivacyInputError("target_epsilon", target, "must be a positive finite number")
+
+        calibration = {m: calibrate_schedule(accounting, T, target, delta, m) for m in certified}
+        if args.noise_multiplier is None:
+            z = max(calibration.values())  # the larger: the target holds under every certified accountant
+    shown = _checkpoints(T)
+    curves: dict[str, list[float | None]] = {}
+    for m in certified:
+        # rdp at every round; pld (a PLD per point) at the printed rounds, the next one's value (an upper bound:
+        # epsilon grows with t) in between
+        at = range(1, T + 1) if m == "rdp" else shown
+        values = {t: epsilon(m, t, z) for t in at}
+        curves[m] = [values[min(p for p in at if p >= t)] for t in range(1, T + 1)]
+    _, s_T, exact = (
+        accounting.prefix(T) if not accounting.amplified else (0.0, accounting.column_squared, True)
+    )
+    doc = dict(
+        mechanism=dict(mech.to_dict(), noise_multiplier=z, noise=noise.describe()),
+        accounting=accounting.describe(),
+        sensitivity=math.sqrt(s_T),
+        sensitivity_describes="per participation (amplified)" if accounting.amplified else "the whole run",
+        sensitivity_exact=exact,
+        rounds=T,
+        delta=delta,
+        methods={
+            m: {"epsilon": c, "exact_at": list(range(1, T + 1)) if m == "rdp" else shown}
+            for m, c in curves.items()
+        },
+        not_applicable={m: "the papers' closed forms analyse independent rounds" for m in skipped},
+        calibration=calibration,
+        target_epsilon=args.target_epsilon,
+    )
+    if args.json:
+        json.dump(json_safe(doc), sys.stdout, indent=None, allow_nan=False, default=_jsonable)
+        sys.stdout.write("\n")
+        return 0
+    lines = [
+        f"population {mech.population}, {mech.scheme.describe(mech)}, add-remove, clip {mech.clip:g}, noise "
+        f"multiplier {z:.4g}, delta {delta:g}, {T} rounds",
+        f"mechanism: {accounting.describe()}",
+        f"sensitivity ({doc['sensitivity_describes']}): {math.sqrt(s_T):.6g} x clip"
+        + ("" if exact else " (an upper bound)"),
+    ]
+    if calibration is not None:
+        lines += ["", f"noise multiplier for epsilon <= {args.target_epsilon:g} after {T} rounds:"]
+        lines += [f"  {m:<15} {v:.4g}" for m, v in calibration.items()]
+    lines += ["", "  ".join(["round".rjust(6)] + [m.rjust(10) for m in curves])]
+    for t in shown:
+        lines.append("  ".join([str(t).rjust(6)] + [_cell(curves[m][t - 1]).rjust(10) for m in curves]))
+    lines.append("")
+    lines.append("epsilon at the given delta, certified by dp-accounting")
+    if skipped:
+        lines.append(f"not shown: {', '.join(skipped)} (the papers' closed forms analyse independent rounds)")
+    print("\n".join(lines))
     return 0
 
 

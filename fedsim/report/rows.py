@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy import Mechanism, compose_same_cohort, epsilon_curve
+from fedsim.privacy import Mechanism, PrivacyInputError, compose_same_cohort, epsilon_curve
 from fedsim.privacy.paper import audit_closed_forms, generalization_statement, min_population
 from fedsim.report.rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
 from fedsim.training.evaluation import COL
@@ -22,7 +22,17 @@ from fedsim.training.evaluation import COL
 def round_mechanisms(strategy: Any, population: int) -> dict[str, Mechanism]:
     """The scenario's nominal mechanisms: ``model`` (the model release alone, what the papers analyse) and
     ``round`` (every release of a round on its cohort, composed: model plus adaptive clipping's count or
-    agnostic FL's domain losses), which is what the ledger accounts."""
+    agnostic FL's domain losses), which is what the ledger accounts. A run accounted over a participation schedule
+    or with correlated noise has no per-round mechanism that the papers' closed forms describe: an error says so
+    (the paper bounds and the audit then report it instead of a number)."""
+    if getattr(strategy, "scheduled", False):
+        accounting = strategy.accounting
+        raise PrivacyInputError(
+            "privacy",
+            accounting.describe() if accounting is not None else strategy.sampling,
+            "the papers' closed forms (IGMM, its correction, the generalization population) analyse independent "
+            "rounds under poisson, fixed or all sampling; this run is accounted over its schedule by dp-accounting",
+        )
     model = strategy.mechanism(population)
     return {"model": model, "round": compose_same_cohort(m for _, m in strategy.round_releases(model))}
 
@@ -31,7 +41,13 @@ def paper_bounds(strategy: Any, population: int, rounds: int, delta: float) -> d
     """The closed-form bounds per round: ``igmm`` as printed for the model release (the paper's claim),
     ``igmm-corrected`` (a valid closed-form bound) for all of a round's releases composed."""
     out = {}
-    mechs = round_mechanisms(strategy, population)
+    try:
+        mechs = round_mechanisms(strategy, population)
+    except PrivacyInputError as exc:  # a schedule or correlated noise: the papers make no statement
+        return {
+            **{m: np.full(rounds, math.nan) for m in ("igmm", "igmm-corrected")},
+            **{m + ":error": exc.allowed for m in ("igmm", "igmm-corrected")},
+        }
     for method, mech in (("igmm", mechs["model"]), ("igmm-corrected", mechs["round"])):
         try:
             out[method] = np.asarray(epsilon_curve(mech, rounds, delta, method=method), dtype=float)
@@ -251,6 +267,7 @@ def summary(
         "delta": scenario.privacy.delta,
         "accountant": scenario.privacy.accountant,
         "randomness": strategy.randomness,
+        "noise_mechanism": describe_mechanism(strategy),
         "privacy_scope": PRIVACY_SCOPE,
         "certified": "epsilon is certified by dp-accounting. paper_epsilon_igmm is UAI Theorem 7 as printed, for "
         "the model release alone (as the paper states it): a paper bound, not a certificate (see `fedsim "
@@ -259,6 +276,16 @@ def summary(
         NON_PRIVATE: non_private,
         "paper_bounds_audit": audit(scenario, strategy, population),
     }
+
+
+def describe_mechanism(strategy: Any) -> str | None:
+    """One line on the noise mechanism and, for a run accounted over a schedule, the schedule and whether
+    amplification by sampling is claimed (public: settings only)."""
+    accounting = getattr(strategy, "accounting", None)
+    if accounting is not None:
+        return accounting.describe()
+    noise = getattr(strategy, "noise", None)
+    return noise.describe() if noise is not None else None
 
 
 def ledger_private(strategy: Any) -> bool | None:

@@ -82,6 +82,38 @@ class NoiseSource(SeededState):
         extra = () if client is None else (int(client),)
         return self.rng(round_, stream, *extra).normal(0.0, std, size=size)
 
+    # ------------------------------------------------------------------ the mechanism's privacy meaning
+    #: whether round t's noise combines earlier rounds' draws (needs a participation schedule to be accounted)
+    correlated: ClassVar[bool] = False
+
+    def prepare(self, rounds: int | None, min_sep: int, k: int | None) -> None:
+        """Fix the mechanism for a run of ``rounds`` rounds (None: not known) in which one client takes part at
+        most ``k`` times, ``min_sep`` rounds apart (a correlated mechanism optimises its strategy matrix here; the
+        choice is then kept in :meth:`extra_state`, so a resumed run keeps it). Independent noise needs nothing."""
+
+    def prefix_sensitivity_squared(
+        self, n: int, min_sep: int, k: int | None, cyclic: bool = False
+    ) -> tuple[np.ndarray, bool]:
+        """``(s, exact)``: ``s[t-1]`` is the squared L2 sensitivity of the first ``t`` rounds' releases (per unit of
+        clip and of noise std) when one client takes part at most ``k`` times, ``min_sep`` rounds apart, for
+        ``t = 1..n``; ``exact`` False if some are upper bounds. ``cyclic``: the clients' patterns are a cyclic
+        schedule's (group ``g`` at rounds ``g, g + min_sep, ...``), a subset of the patterns the gap allows.
+        Independent noise: one unit per participation, ``min(k, ceil(t / min_sep))``, exact."""
+        t = np.arange(1, n + 1)
+        most = -(-t // min_sep)
+        return (most if k is None else np.minimum(most, k)).astype(np.float64), True
+
+    def amplified_sensitivity_squared(self, min_sep: int) -> float | None:
+        """Under a cyclic schedule of ``min_sep`` groups with Poisson sampling within each group: the squared
+        sensitivity of one participation when participations touch disjoint rounds' releases, so that each is a
+        separately Poisson-sampled Gaussian (Choquette-Choo et al. 2023, amplified banded matrix factorization); None
+        if the mechanism's participations overlap (then no amplification is claimed). Independent noise: 1."""
+        return 1.0
+
+    def describe(self) -> str:
+        """One line for reports: the mechanism and its parameters."""
+        return "independent Gaussian noise every round"
+
     def for_clients(self) -> NoiseSource:
         """The source the clients' noise shares come from (with distributed noise, shipped to the workers with the
         round's plan: a source holding large buffers returns a light one here)."""
@@ -105,10 +137,34 @@ def register_noise_source(cls: type[NoiseSource], *, replace: bool = False) -> t
 register_noise_source(NoiseSource)
 
 
-def make_noise_source(noise: Any, seed: int | None) -> NoiseSource:
-    """A noise source: a registered mechanism's name, or a :class:`NoiseSource` object (used as it is; ``seed`` must
-    then agree with its own seed or be None)."""
+def make_noise_source(noise: Any, seed: int | None, **options: Any) -> NoiseSource:
+    """A noise source: a registered mechanism's name, built with ``seed`` and its ``options`` (the class's fields:
+    ``bands`` for banded-mf, ``buffers`` for blt, ...; :func:`mechanism_options`), or a :class:`NoiseSource` object
+    (used as it is; ``seed`` must then agree with its own seed or be None, and no options are given)."""
+    if options and isinstance(noise, NoiseSource):
+        raise ValueError(f"options {sorted(options)} are for a mechanism named by its name, not an object")
+    if options:
+        from fedsim.validation import PrivacyInputError, one_of
+
+        cls = NOISE_SOURCES[one_of("mechanism", noise, tuple(NOISE_SOURCES))]
+        allowed = mechanism_options(cls.name)
+        for key in options:
+            if key not in allowed:
+                raise PrivacyInputError(
+                    key,
+                    options[key],
+                    f"is not an option of mechanism {cls.name!r} (its options: {', '.join(allowed) or 'none'})",
+                )
+        return cls(seed, **options)
     return make_component(NOISE_SOURCES, noise, seed, "mechanism", NoiseSource)
+
+
+def mechanism_options(name: str) -> tuple[str, ...]:
+    """The options a registered mechanism takes (its dataclass fields beyond the seed and its state)."""
+    import dataclasses
+
+    cls = NOISE_SOURCES[name]
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "seed" and f.init and f.repr)
 
 
 def noise_share_std(mechanism: Any) -> float:

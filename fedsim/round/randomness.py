@@ -37,6 +37,7 @@ STREAM_COUNT_NOISE = 4
 STREAM_LOSS_NOISE = 5
 STREAM_NOISE_SHARE = 6
 STREAM_EVALUATION = 7
+STREAM_TREE_NODE = 8  # tree aggregation: one draw per node, keyed (seed, index, stream, level)
 
 _TWO_PI = 2.0 * math.pi
 _2_POW_53 = float(1 << 53)

@@ -4,13 +4,27 @@ A sampler draws the round's cohort from the client ids available in that round, 
 (:mod:`fedsim.round.randomness`: ``(seed, round, STREAM_SAMPLING)`` when seeded, the operating system
 otherwise), so the cohort does not depend on call order or worker count.
 
-=========  =============================================================  ====================
-name       cohort                                                          neighbouring relation
-=========  =============================================================  ====================
-poisson    each client independently with probability q (may be empty)     add/remove one client
-fixed      exactly ``clients_per_round`` clients, uniformly, no repeats    replace one client
-all        everyone                                                        add/remove one client
-=========  =============================================================  ====================
+==============  =========================================================  ====================
+name            cohort                                                     neighbouring relation
+==============  =========================================================  ====================
+poisson         each client independently with probability q               add/remove one client
+fixed           exactly ``clients_per_round`` clients, uniformly            replace one client
+all             everyone                                                   add/remove one client
+cyclic          the clients split into ``b`` fixed groups by the seed;     add/remove one client
+                round t trains group ``t mod b`` (optionally each member
+                with probability q): a client takes part once every b
+min-separation  each client whose last round is at least ``b`` rounds ago  add/remove one client
+                (and that has taken part fewer than ``k`` times) with
+                probability q
+==============  =========================================================  ====================
+
+``cyclic`` and ``min-separation`` are participation schedules (:class:`ScheduledSampler`): they bound how often one
+client takes part (at most ``k`` times, at least ``min_separation`` rounds apart), which is what correlated-noise
+mechanisms (tree aggregation, banded matrix factorization, BLT) need to be accounted. Their rounds are not
+accounted one at a time: the strategy records the schedule's release (:class:`fedsim.privacy.ScheduledGaussian`),
+whose sensitivity comes from the noise mechanism's strategy matrix for the participation patterns the schedule
+allows. The sampler checks every cohort it returns against the schedule and keeps each client's last round and
+number of rounds (:meth:`Sampler.state_dict`, so a resumed run keeps enforcing it).
 
 A scheme owns its privacy meaning, in one place: how its cohort is described and checked (:meth:`Sampler.check_cohort`),
 its sampling probability and expected cohort (:meth:`Sampler.q`, :meth:`Sampler.expected_cohort`), its
@@ -27,12 +41,12 @@ new :class:`Sampler` subclass, with any state it keeps in :meth:`Sampler.state_d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fedsim.validation import PrivacyInputError, cohort_values, one_of
+from fedsim.validation import PrivacyInputError, cohort_values, is_int, one_of
 
 from .randomness import STREAM_SAMPLING, SeededState, make_component, make_rng, register_component
 
@@ -72,8 +86,26 @@ class Sampler(SeededState):
     neighbouring: ClassVar[str] = ADD_REMOVE
     #: one line for reports and ``--help``
     label: ClassVar[str] = ""
+    #: whether this scheme is a participation schedule (:class:`ScheduledSampler`), accounted over the schedule
+    scheduled: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ the cohort's description
+    @classmethod
+    def check_schedule(
+        cls, min_separation: Any = None, max_participations: Any = None
+    ) -> tuple[int | None, int | None]:
+        """Check the schedule's parameters; return ``(min_separation, max_participations)`` normalised. A scheme
+        that is not a schedule takes neither."""
+        for name, value in (("min_separation", min_separation), ("max_participations", max_participations)):
+            if value is not None:
+                raise PrivacyInputError(
+                    name,
+                    value,
+                    f"is a participation schedule's parameter; sampling={cls.name!r} takes none (schedules: "
+                    f"{', '.join(n for n, c in SAMPLERS.items() if c.scheduled)})",
+                )
+        return None, None
+
     @classmethod
     def check_cohort(
         cls, sampling_rate: Any = None, clients_per_round: Any = None, population: int | None = None
@@ -294,6 +326,277 @@ class EveryoneSampler(Sampler):
         return ids
 
 
+#: the tag of the generator that splits the clients into cyclic groups (its own stream: never a round's cohort draw)
+_GROUPS_TAG = 1
+
+
+def _schedule_value(name: str, value: Any, low: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not is_int(value) or value < low:
+        raise PrivacyInputError(name, value, f"must be an integer >= {low}")
+    return int(value)
+
+
+@dataclass
+class ScheduledSampler(Sampler):
+    """A participation schedule: one client takes part at most ``max_participations`` times, at least
+    ``min_separation`` rounds apart (the mechanism's :attr:`~fedsim.privacy.Mechanism.min_separation` and
+    :attr:`~fedsim.privacy.Mechanism.max_participations`). A subclass draws the cohort (:meth:`draw_scheduled`);
+    :meth:`sample` then checks it against the schedule, whatever drew it, and records it. A cohort that breaks
+    the schedule is an error, never a round: the accounting assumes the schedule."""
+
+    scheduled: ClassVar[bool] = True
+    #: whether Poisson sampling within the schedule may be accounted as amplification (cyclic groups, where each
+    #: participation is an independent draw in the client's own rounds; Choquette-Choo et al. 2023)
+    amplifies: ClassVar[bool] = False
+    #: each client's last round and number of rounds so far (the history the schedule is enforced on)
+    last: dict[int, int] = field(default_factory=dict, repr=False)
+    count: dict[int, int] = field(default_factory=dict, repr=False)
+    last_round: int = 0
+
+    @classmethod
+    def check_cohort(cls, sampling_rate=None, clients_per_round=None, population=None):
+        rate, cpr = cohort_values(sampling_rate, clients_per_round, population)
+        if cpr is not None:
+            raise PrivacyInputError(
+                "clients_per_round",
+                clients_per_round,
+                f"must be omitted for sampling={cls.name!r}: the schedule decides who may take part; give "
+                "sampling_rate, the probability that a client who may take part does",
+            )
+        return rate, None
+
+    @classmethod
+    def q(cls, m: Any) -> float:
+        """The probability that a client who may take part in a round does (1 without ``sampling_rate``)."""
+        return m.sampling_rate if m.sampling_rate is not None else 1.0
+
+    @classmethod
+    def rate_is_fixed(cls, m: Any) -> bool:
+        return True
+
+    @classmethod
+    def at_population(cls, m: Any, population: int) -> Any:
+        return m.replace(population=population, sampling_rate=m.sampling_rate)
+
+    @classmethod
+    def dp_event(cls, m: Any, gaussian: Any, relation: str) -> Any:
+        raise PrivacyInputError(
+            "sampling",
+            cls.name,
+            "is a participation schedule: its rounds are accounted over the schedule (a "
+            "fedsim.privacy.ScheduledGaussian release per round, from the noise mechanism's sensitivity under the "
+            "schedule), not one round at a time",
+        )
+
+    @classmethod
+    def pld_parameters(cls, m: Any, relation: str) -> tuple[float, float, str]:
+        cls.dp_event(m, None, relation)
+        raise AssertionError  # pragma: no cover - dp_event raises
+
+    # ------------------------------------------------------------------ drawing and enforcing
+    def draw_scheduled(self, ids: np.ndarray, round_: int, m: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def may_take_part(self, ids: np.ndarray, round_: int, m: Any) -> np.ndarray:
+        """A mask over ``ids``: whether each client may take part in round ``round_`` under the schedule."""
+        sep, k = m.min_separation, m.max_participations
+        last = np.array([self.last.get(int(c), -(10**12)) for c in ids], dtype=np.int64)
+        ok = round_ - last >= sep
+        if k is not None:
+            ok &= np.array([self.count.get(int(c), 0) for c in ids], dtype=np.int64) < k
+        return ok
+
+    def sample(self, round_: int, client_ids: Any, mechanism: Any) -> np.ndarray:
+        ids = id_array(client_ids)
+        if mechanism.sampling != self.name or mechanism.population != ids.size:
+            super().sample(round_, ids, mechanism)  # its error names the mismatch
+        if round_ <= self.last_round:
+            raise ValueError(
+                f"round {round_} is sampled after round {self.last_round}: a participation schedule draws its "
+                "rounds once each, in order"
+            )
+        cohort = self.draw_scheduled(ids, int(round_), mechanism)
+        allowed = self.may_take_part(cohort, int(round_), mechanism)
+        if not np.all(allowed):
+            bad = [int(c) for c in cohort[~allowed][:5]]
+            raise PrivacyInputError(
+                "cohort",
+                bad,
+                f"took part in round {round_} against the schedule (at most "
+                f"{mechanism.max_participations or 'any number of'} rounds, at least {mechanism.min_separation} "
+                "apart) that the accounting assumes",
+            )
+        for c in cohort:
+            c = int(c)
+            self.last[c] = int(round_)
+            self.count[c] = self.count.get(c, 0) + 1
+        self.last_round = int(round_)
+        return cohort
+
+    def extra_state(self) -> dict[str, Any]:
+        ids = np.array(sorted(self.last), dtype=np.int64)
+        return {
+            "last_round": self.last_round,
+            "clients": ids,
+            "last": np.array([self.last[int(c)] for c in ids], dtype=np.int64),
+            "count": np.array([self.count[int(c)] for c in ids], dtype=np.int64),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        ids = np.asarray(state.get("clients", []), dtype=np.int64)
+        self.last = dict(
+            zip(ids.tolist(), np.asarray(state.get("last", []), dtype=np.int64).tolist(), strict=True)
+        )
+        self.count = dict(
+            zip(ids.tolist(), np.asarray(state.get("count", []), dtype=np.int64).tolist(), strict=True)
+        )
+        self.last_round = int(state.get("last_round", 0))
+
+
+@dataclass
+class CyclicSampler(ScheduledSampler):
+    """Cyclic participation (Choquette-Choo et al. 2023; Gboard's DP-FTRL): the clients are split once into ``b``
+    groups, ``b = min_separation``, each client independently and uniformly (from its own seeded generator, or the
+    operating system's entropy): so one client's presence moves no other client, which the add/remove accounting
+    needs (balanced groups cut from a permutation would shift everyone after it), and the sizes vary around
+    ``N / b`` (the aggregate's denominator is the expected cohort ``q N / b``, a public number); round ``t`` (from 1) trains group ``(t - 1) mod b``, each member with
+    probability ``sampling_rate`` (default: the whole group). A client takes part at most ``ceil(T / b)`` times in
+    ``T`` rounds, exactly ``b`` apart. The groups are fixed over the ids of the first round: a later round offering
+    other clients is refused (in a deployment, keep stable client ids over the nodes, as
+    :class:`fedsim.flower.ClientIdGrid` does)."""
+
+    name = "cyclic"
+    label = "b fixed groups in turn (b = min_separation), each member with probability q"
+    amplifies = True
+    groups: dict[int, int] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def check_schedule(cls, min_separation=None, max_participations=None):
+        if min_separation is None:
+            raise PrivacyInputError(
+                "min_separation", None, "sampling='cyclic' needs it: the number of groups b (>= 1)"
+            )
+        if max_participations is not None:
+            raise PrivacyInputError(
+                "max_participations",
+                max_participations,
+                "must be omitted for sampling='cyclic' (a client takes part every b-th round: ceil(rounds/b) times)",
+            )
+        return _schedule_value("min_separation", min_separation, 1), None
+
+    @classmethod
+    def expected_cohort(cls, m: Any) -> float:
+        return cls.q(m) * m.population / m.min_separation
+
+    @classmethod
+    def min_population(cls, m: Any) -> int:
+        return int(m.min_separation)
+
+    @classmethod
+    def describe(cls, m: Any) -> str:
+        inner = "" if m.sampling_rate is None else f", q={m.sampling_rate:.4g} within the group"
+        return f"cyclic b={m.min_separation}{inner}"
+
+    def _split(self, ids: np.ndarray, m: Any) -> None:
+        b = int(m.min_separation)
+        if ids.size < b:
+            raise PrivacyInputError(
+                "min_separation", b, f"must be at most the number of clients ({ids.size}): b groups of them"
+            )
+        if self.seed is None:
+            u = make_rng(None, 0, STREAM_SAMPLING).random(ids.size)
+        else:  # each client's group from its own generator: the same whoever else is there
+            u = np.array([make_rng(self.seed, 0, STREAM_SAMPLING, _GROUPS_TAG, int(c)).random() for c in ids])
+        self.groups = {
+            int(c): int(g) for c, g in zip(ids, np.minimum((u * b).astype(np.int64), b - 1), strict=True)
+        }
+
+    def draw_scheduled(self, ids: np.ndarray, round_: int, m: Any) -> np.ndarray:
+        if not self.groups:
+            self._split(ids, m)
+        elif len(self.groups) != ids.size or any(int(c) not in self.groups for c in ids):
+            raise PrivacyInputError(
+                "sampling",
+                "cyclic",
+                f"round {round_} offers {ids.size} clients, not the {len(self.groups)} its groups were drawn over: "
+                "a cyclic schedule needs the same clients every round (map nodes to stable client ids, or use "
+                "sampling='min-separation', which enforces the separation over whichever clients are offered)",
+            )
+        group = (round_ - 1) % int(m.min_separation)
+        members = np.array([c for c in ids if self.groups[int(c)] == group], dtype=ids.dtype)
+        if m.sampling_rate is None:
+            return members
+        return members[self.rng(round_).random(members.size) < m.sampling_rate]
+
+    def extra_state(self) -> dict[str, Any]:
+        ids = np.array(sorted(self.groups), dtype=np.int64)
+        return {
+            **super().extra_state(),
+            "group_clients": ids,
+            "group": np.array([self.groups[int(c)] for c in ids], dtype=np.int64),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        ids = np.asarray(state.get("group_clients", []), dtype=np.int64)
+        self.groups = dict(
+            zip(ids.tolist(), np.asarray(state.get("group", []), dtype=np.int64).tolist(), strict=True)
+        )
+
+
+@dataclass
+class MinSeparationSampler(ScheduledSampler):
+    """Any client whose last round was at least ``b = min_separation`` rounds ago and that has taken part fewer than
+    ``max_participations`` times (if given) takes part with probability ``sampling_rate``, independently. Works over
+    whichever clients a round offers (nodes may come and go). No amplification by the sampling is claimed: the
+    accounting takes the worst pattern the schedule allows. The aggregate's denominator is the steady-state
+    expected cohort ``q N / (1 + q (b - 1))`` (a client waits ``1/q`` rounds on average, then sits out ``b - 1``),
+    a public number."""
+
+    name = "min-separation"
+    label = "each client at least min_separation rounds after its last, with probability q"
+
+    @classmethod
+    def check_cohort(cls, sampling_rate=None, clients_per_round=None, population=None):
+        rate, _ = super().check_cohort(sampling_rate, clients_per_round, population)
+        if rate is None:
+            raise PrivacyInputError(
+                "sampling_rate", None, "sampling='min-separation' needs it: the probability q in (0, 1]"
+            )
+        return rate, None
+
+    @classmethod
+    def check_schedule(cls, min_separation=None, max_participations=None):
+        if min_separation is None:
+            raise PrivacyInputError(
+                "min_separation",
+                None,
+                "sampling='min-separation' needs it: the least gap b (>= 1) between rounds",
+            )
+        k = (
+            None
+            if max_participations is None
+            else _schedule_value("max_participations", max_participations, 1)
+        )
+        return _schedule_value("min_separation", min_separation, 1), k
+
+    @classmethod
+    def expected_cohort(cls, m: Any) -> float:
+        q = cls.q(m)
+        return q * m.population / (1.0 + q * (m.min_separation - 1))
+
+    @classmethod
+    def describe(cls, m: Any) -> str:
+        cap = "" if m.max_participations is None else f", k={m.max_participations}"
+        return f"min-separation b={m.min_separation}{cap} q={cls.q(m):.4g}"
+
+    def draw_scheduled(self, ids: np.ndarray, round_: int, m: Any) -> np.ndarray:
+        draws = self.rng(round_).random(ids.size) < self.q(m)  # one draw per client, eligible or not
+        return ids[draws & self.may_take_part(ids, round_, m)]
+
+
 #: The one registry of sampling schemes, by name (:func:`register_sampler`).
 SAMPLERS: dict[str, type[Sampler]] = {}
 
@@ -306,7 +609,7 @@ def register_sampler(cls: type[Sampler], *, replace: bool = False) -> type[Sampl
     return register_component(SAMPLERS, cls, Sampler, replace=replace)
 
 
-for _cls in (PoissonSampler, FixedSizeSampler, EveryoneSampler):
+for _cls in (PoissonSampler, FixedSizeSampler, EveryoneSampler, CyclicSampler, MinSeparationSampler):
     register_sampler(_cls)
 
 
@@ -350,5 +653,11 @@ def sample_cohort(
     cls = sampler_class(sampling)
     population = int(ids.size) or None
     rate, cpr = cls.check_cohort(sampling_rate, clients_per_round, population)
+    if cls.scheduled:
+        raise PrivacyInputError(
+            "sampling",
+            sampling,
+            "is a participation schedule: draw its cohorts with a Sampler over the rounds",
+        )
     m = SimpleNamespace(population=int(ids.size), sampling_rate=rate, clients_per_round=cpr)
     return cls(None).draw(ids, rng, m)

@@ -143,6 +143,26 @@ def toeplitz_sensitivity(
     return Sensitivity(float(np.sqrt(total @ total)), exact)
 
 
+def toeplitz_prefix_sensitivity_squared(
+    coefficients: np.ndarray, n: int, min_sep: int = 1, k: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """The squared sensitivity of the first ``t`` rounds' releases, for every ``t = 1..n``, of the Toeplitz strategy
+    ``coefficients``: ``out[t-1] = sum_{r < t} (sum_{m < k} c_{r - m b})^2`` (rows ``r < t`` involve rounds ``< t``
+    only, and the worst client, at rounds ``0, b, 2b, ...``, is the same for every prefix). Exact for non-negative,
+    non-increasing coefficients, an upper bound (their majorant) otherwise, as :func:`toeplitz_sensitivity`; its
+    last value equals that function's square. ``O(n k)``."""
+    _check_schedule(n, min_sep, k)
+    given = np.asarray(coefficients, dtype=np.float64)[:n]
+    coef = np.maximum.accumulate(np.abs(given)[::-1])[::-1]
+    exact = bool(np.array_equal(coef, given))
+    padded = np.zeros(n)
+    padded[: coef.size] = coef
+    total = np.zeros(n)
+    for m in range(max_participations(n, min_sep, k)):
+        total[m * min_sep :] += padded[: n - m * min_sep]
+    return np.cumsum(total * total), exact
+
+
 # --------------------------------------------------------------------------- streaming noise
 class ToeplitzNoise:
     """Round after round, the noise ``(C^{-1} z)_t`` of a lower-triangular Toeplitz strategy with ``b``

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy.matrix_factorization import (
+from fedsim.round.matrix_factorization import (
     BLT,
     BLTNoise,
     ToeplitzNoise,
