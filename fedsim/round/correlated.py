@@ -192,14 +192,15 @@ class BandedMatrixFactorization(CorrelatedNoise):
         return ToeplitzNoise(self._coef(), size)
 
     def _stream_size(self) -> int:
-        return int(self._stream.past.shape[1])
+        return int(self._stream.size)
 
     def _stream_state(self) -> dict[str, Any]:
-        return {"past": self._stream.past.copy()}
+        state = self._stream.state()
+        return {"past": state["ring"], "past_head": state["head"]}
 
     def _load_stream_state(self, state: dict[str, Any], size: int) -> None:
         stream = self._new_stream(size)
-        stream.past = np.array(state["past"], dtype=np.float64).reshape(stream.past.shape)
+        stream.load_state({"ring": state["past"], "head": state["past_head"]})
         self._stream = stream
 
     def extra_state(self) -> dict[str, Any]:

@@ -178,14 +178,47 @@ class ToeplitzNoise:
                 f"invalid strategy coefficients {coef.tolist()[:8]}: allowed finite numbers, the first one > 0"
             )
         self.coefficients = coef
-        self.past = np.zeros((coef.size - 1, int(size)))  # past[0] = x_{t-1}, past[1] = x_{t-2}, ...
+        # a ring of the last b - 1 outputs: x_{t-1} at row _head, x_{t-2} at the row before it, ... (written in
+        # place: no copy of the whole buffer each round)
+        self.size = int(size)
+        self._ring = np.zeros((coef.size - 1, self.size))
+        self._head = -1
+
+    @property
+    def past(self) -> np.ndarray:
+        """The last ``b - 1`` outputs, most recent first (``past[0] = x_{t-1}``): a copy, for checkpoints."""
+        lags = self._ring.shape[0]
+        return self._ring[(self._head - np.arange(lags)) % lags] if lags else self._ring.copy()
+
+    @past.setter
+    def past(self, value: np.ndarray) -> None:
+        value = np.asarray(value, dtype=np.float64)
+        if value.shape != self._ring.shape:
+            raise ValueError(f"invalid past outputs of shape {value.shape}: allowed {self._ring.shape}")
+        self._ring = value.copy()
+        self._head = 0
+
+    def state(self) -> dict:
+        """The ring of past outputs and its head, as they are (a resumed stream then sums in the same order: its
+        noise is bit-identical)."""
+        return {"ring": self._ring.copy(), "head": int(self._head)}
+
+    def load_state(self, state: dict) -> None:
+        ring = np.asarray(state["ring"], dtype=np.float64)
+        if ring.shape != self._ring.shape:
+            raise ValueError(f"invalid ring of shape {ring.shape}: allowed {self._ring.shape}")
+        self._ring, self._head = ring.copy(), int(state["head"])
 
     def step(self, z: np.ndarray) -> np.ndarray:
         """This round's noise from this round's draw ``z`` (shape ``[size]``)."""
-        x = (np.asarray(z, dtype=np.float64) - self.coefficients[1:] @ self.past) / self.coefficients[0]
-        if self.past.shape[0]:
-            self.past = np.roll(self.past, 1, axis=0)
-            self.past[0] = x
+        lags = self._ring.shape[0]
+        if not lags:
+            return np.asarray(z, dtype=np.float64) / self.coefficients[0]
+        # ring row r holds x_{t-1-((head - r) mod lags)}: its coefficient is c_{1 + (head - r) mod lags}
+        order = self.coefficients[1 + (self._head - np.arange(lags)) % lags]
+        x = (np.asarray(z, dtype=np.float64) - order @ self._ring) / self.coefficients[0]
+        self._head = (self._head + 1) % lags
+        self._ring[self._head] = x
         return x
 
 
