@@ -506,6 +506,11 @@ class DPFedAvg(Strategy):
         )
         log(
             INFO,
+            "\t│\t├── mechanism: %s",
+            self.accounting.describe() if self.accounting is not None else self.noise.describe(),
+        )
+        log(
+            INFO,
             "\t│\t└── accountant: %s at delta=%s, max_epsilon=%s",
             self.accountant,
             self.delta,

@@ -263,11 +263,20 @@ def test_resumed_correlated_noise_is_the_uninterrupted_noise():
             resumed.noise(3, "model", 4, 1.5)
 
 
-def test_deployment_draws_correlated_noise_from_the_operating_system():
-    a = make_noise_source("banded-mf", None, coefficients=[1.0, 0.5])
-    b = make_noise_source("banded-mf", None, coefficients=[1.0, 0.5])
-    assert a.randomness == "os-entropy"
-    assert not np.array_equal(a.noise(1, "model", 5, 1.0), b.noise(1, "model", 5, 1.0))
+def test_deployment_draws_correlated_noise_and_groups_from_the_operating_system():
+    for name in ("banded-mf", "tree", "blt"):
+        opts = {"coefficients": [1.0, 0.5]} if name == "banded-mf" else {}
+        if name == "blt":
+            opts = {"decays": [0.9], "output_scales": [0.2]}
+        a, b = make_noise_source(name, None, **opts), make_noise_source(name, None, **opts)
+        assert a.randomness == "os-entropy"
+        assert not np.array_equal(a.noise(1, "model", 5, 1.0), b.noise(1, "model", 5, 1.0))
+    groups = []
+    for _ in range(2):
+        s = DPFedAvg(sampling="cyclic", min_separation=4, seed=None)
+        s.begin_round(1, range(64))
+        groups.append([s.sampler.groups[c] for c in range(64)])
+    assert groups[0] != groups[1]
 
 
 def test_the_ledger_saves_and_loads_scheduled_rounds():
