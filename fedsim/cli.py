@@ -183,6 +183,8 @@ def _print_summary(console: Any, result: Any) -> None:
         audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
         for method, verdict in audit.get("verdicts", {}).items():
             console.print(f"audit {method}: {verdict}")
+        if audit.get("error"):
+            console.print(f"paper bounds: none for {audit['error']}")
     console.print(
         f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}"
     )
@@ -386,6 +388,8 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
     )
     for method, verdict in (summary.get("paper_bounds_audit") or {}).get("verdicts", {}).items():
         console.print(f"audit {method}: {verdict}")
+    if (summary.get("paper_bounds_audit") or {}).get("error"):
+        console.print(f"paper bounds: none for {summary['paper_bounds_audit']['error']}")
     gen = last.get("generalization", {})
     console.print(
         f"generalization (UAI Theorem 1 over {gen.get('population')} training clients): {describe_statement(gen)}"

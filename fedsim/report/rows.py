@@ -329,6 +329,8 @@ def audit(scenario: Any, strategy: Any, population: int) -> dict[str, Any]:
             mechs["round"], scenario.rounds, scenario.privacy.delta
         )
         out["min_population_describes"] = "all of a round's releases composed (what the ledger accounts)"
+    except PrivacyInputError as exc:  # a schedule or correlated noise: what was run, and why no paper bound
+        out["error"] = f"{exc.value}: {exc.allowed}"
     except Exception as exc:  # the audit explains paper bounds; it must never cost a run its results
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
