@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.flower import protocol
 from fedsim.privacy import Ledger, Mechanism, ScheduleAccounting
 from fedsim.privacy.accountants import CERTIFIED
+from fedsim.privacy.schedule import schedule_bounds
 from fedsim.report.rundir import NON_PRIVATE
 from fedsim.round import (
     CLIP_COUNT,
@@ -317,22 +318,14 @@ class DPFedAvg(Strategy):
     def schedule_bounds(self) -> tuple[int, int | None]:
         """``(min_sep, k)``: how often one client may take part, as the accounting assumes it (every round for
         ``all``)."""
-        if self.sampler.scheduled:
-            return int(self.min_separation), self.max_participations
-        return 1, None
+        return schedule_bounds(self.sampler, self.min_separation, self.max_participations)
 
     @property
     def accounting(self) -> ScheduleAccounting | None:
         """How a scheduled run's rounds enter the ledger (None: each round is its own release)."""
         if self.scheduled and self._accounting is None:
-            min_sep, k = self.schedule_bounds()
-            self._accounting = ScheduleAccounting(
-                self.noise,
-                self.sampling,
-                min_sep,
-                k,
-                within_rate=self.sampling_rate if self.sampler.scheduled else None,
-                amplifies=bool(getattr(self.sampler, "amplifies", False)),
+            self._accounting = ScheduleAccounting.for_schedule(
+                self.noise, self.sampler, self.sampling_rate, self.min_separation, self.max_participations
             )
         return self._accounting
 

@@ -35,7 +35,13 @@ import numpy as np
 
 from .errors import PrivacyInputError
 
-__all__ = ["ScheduleAccounting", "ScheduledGaussian", "calibrate_schedule"]
+__all__ = [
+    "ScheduleAccounting",
+    "ScheduledGaussian",
+    "calibrate_schedule",
+    "schedule_bounds",
+    "schedule_epsilon",
+]
 
 #: calibration aims this fraction below the target epsilon (see :func:`calibrate_schedule`)
 MARGIN = 1e-3
@@ -137,6 +143,28 @@ class ScheduleAccounting:
         self._prefix = np.zeros(0)
         self._exact = True
 
+    @classmethod
+    def for_schedule(
+        cls,
+        noise: Any,
+        scheme: Any,
+        sampling_rate: float | None,
+        min_separation: int | None,
+        max_participations: int | None,
+    ) -> ScheduleAccounting:
+        """The accounting of a run sampled by ``scheme`` (a registered sampler class or object) with ``noise``: a
+        participation schedule's own bounds and within-group rate, or every round (``all`` with correlated
+        noise)."""
+        sep, k = schedule_bounds(scheme, min_separation, max_participations)
+        return cls(
+            noise,
+            scheme.name,
+            sep,
+            k,
+            within_rate=sampling_rate if scheme.scheduled else None,
+            amplifies=bool(getattr(scheme, "amplifies", False)),
+        )
+
     @property
     def amplified(self) -> bool:
         return self.column_squared is not None
@@ -216,6 +244,41 @@ class ScheduleAccounting:
         return f"{self.noise.describe()}; {self.schedule} schedule, min separation {self.min_sep}{cap}; {how}"
 
 
+def schedule_bounds(
+    scheme: Any, min_separation: int | None, max_participations: int | None
+) -> tuple[int, int | None]:
+    """``(min_sep, k)``: how often one client may take part under ``scheme``, as the accounting assumes it: a
+    participation schedule's own bounds, else every round (``all``)."""
+    return (int(min_separation), max_participations) if scheme.scheduled else (1, None)
+
+
+def _dp_accountant(method: str) -> Any:
+    """dp-accounting's accountant class for ``method`` (``"pld"`` or ``"rdp"``)."""
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    if method not in ("pld", "rdp"):
+        raise PrivacyInputError(
+            "accountant", method, "must be pld or rdp to account a schedule (dp-accounting)"
+        )
+    return {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}[method]
+
+
+def schedule_epsilon(
+    accounting: ScheduleAccounting, t: int, noise_multiplier: float, delta: float, method: str
+) -> float:
+    """The certified epsilon at ``delta`` of the first ``t`` rounds at ``noise_multiplier`` (dp-accounting's
+    ``method`` on :meth:`ScheduleAccounting.run_event`); infinite without noise."""
+    from dp_accounting import dp_event
+
+    event = accounting.run_event(t, noise_multiplier)
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return math.inf
+    acc = _dp_accountant(method)()
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
 def calibrate_schedule(
     accounting: ScheduleAccounting, rounds: int, target_epsilon: float, delta: float, method: str
 ) -> float:
@@ -227,8 +290,6 @@ def calibrate_schedule(
     memory)."""
     from dp_accounting import calibrate_dp_mechanism
     from dp_accounting.mechanism_calibration import ExplicitBracketInterval
-    from dp_accounting.pld import pld_privacy_accountant
-    from dp_accounting.rdp import rdp_privacy_accountant
 
     from .certified import quiet_absl
 
@@ -236,16 +297,12 @@ def calibrate_schedule(
         isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0
     ):
         raise PrivacyInputError("target_epsilon", target_epsilon, "must be a positive finite number")
-    if method not in ("pld", "rdp"):
-        raise PrivacyInputError(
-            "accountant", method, "must be pld or rdp to calibrate a schedule (dp-accounting)"
-        )
-    accountants = {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}
+    _dp_accountant(method)  # refuses anything but pld and rdp
 
     def calibrate(name: str, low: float, high: float) -> float:
         return float(
             calibrate_dp_mechanism(
-                accountants[name],
+                _dp_accountant(name),
                 lambda z: accounting.run_event(rounds, z),
                 float(target_epsilon) * (1.0 - MARGIN),
                 float(delta),

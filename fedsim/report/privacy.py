@@ -23,9 +23,6 @@ import math
 import sys
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedsim.privacy.accountants import (
     ACCOUNTANTS,
@@ -41,7 +38,12 @@ from fedsim.privacy.mechanism import Mechanism
 from fedsim.privacy.paper.audit import audit_closed_forms
 from fedsim.privacy.paper.calibration import calibrate_noise
 from fedsim.privacy.paper.generalization import statement_curve
-from fedsim.privacy.schedule import ScheduleAccounting, calibrate_schedule
+from fedsim.privacy.schedule import (
+    ScheduleAccounting,
+    calibrate_schedule,
+    schedule_bounds,
+    schedule_epsilon,
+)
 from fedsim.report.rundir import json_safe
 from fedsim.round import NOISE_SOURCES, check_schedule_combination, make_noise_source
 from fedsim.round.sampling import sampling_names
@@ -275,15 +277,9 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
     schedule's closed-form event (:meth:`fedsim.privacy.ScheduleAccounting.run_event`, what a run's ledger composes
     round by round); the papers' closed forms do not describe these mechanisms."""
     check_schedule_combination(mech.scheme, noise, noise_placement=mech.noise_placement)
-    sep, k = (mech.min_separation, mech.max_participations) if mech.scheme.scheduled else (1, None)
-    noise.prepare(T, sep, k)
-    accounting = ScheduleAccounting(
-        noise,
-        mech.sampling,
-        sep,
-        k,
-        within_rate=mech.sampling_rate if mech.scheme.scheduled else None,
-        amplifies=bool(getattr(mech.scheme, "amplifies", False)),
+    noise.prepare(T, *schedule_bounds(mech.scheme, mech.min_separation, mech.max_participations))
+    accounting = ScheduleAccounting.for_schedule(
+        noise, mech.scheme, mech.sampling_rate, mech.min_separation, mech.max_participations
     )
     certified = [m for m in methods if m in ("pld", "rdp")]
     skipped = [m for m in methods if m not in certified]
@@ -293,16 +289,6 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
             methods,
             "a schedule or correlated noise is accounted by pld or rdp only (dp-accounting)",
         )
-    accountants = {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}
-
-    def epsilon(method: str, t: int, z: float) -> float:
-        acc = accountants[method]()
-        event = accounting.run_event(t, z)
-        if isinstance(event, dp_event.NonPrivateDpEvent):
-            return math.inf
-        acc.compose(event)
-        return float(acc.get_epsilon(delta))
-
     calibration = None
     z = mech.noise_multiplier
     if args.target_epsilon is not None:
@@ -319,7 +305,7 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
         # rdp at every round; pld (a PLD per point) at the printed rounds, the next one's value (an upper bound:
         # epsilon grows with t) in between
         at = range(1, T + 1) if m == "rdp" else shown
-        values = {t: epsilon(m, t, z) for t in at}
+        values = {t: schedule_epsilon(accounting, t, z, delta, m) for t in at}
         curves[m] = [values[min(p for p in at if p >= t)] for t in range(1, T + 1)]
     _, s_T, exact = (
         accounting.prefix(T) if not accounting.amplified else (0.0, accounting.column_squared, True)

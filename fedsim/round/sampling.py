@@ -193,13 +193,17 @@ class Sampler(SeededState):
     def sample(self, round_: int, client_ids: Any, mechanism: Any) -> np.ndarray:
         """Round ``round_``'s cohort from ``client_ids`` for ``mechanism`` (a :class:`fedsim.privacy.Mechanism`
         over exactly these clients: the probability it accounts is the one sampled with)."""
+        return self.draw(self.checked_ids(client_ids, mechanism), self.rng(round_), mechanism)
+
+    def checked_ids(self, client_ids: Any, mechanism: Any) -> np.ndarray:
+        """The sorted ids, checked against ``mechanism``: this scheme, over exactly these clients."""
         ids = id_array(client_ids)
         if mechanism.sampling != self.name or mechanism.population != ids.size:
             raise ValueError(
                 f"a {self.name!r} sampler over {ids.size} clients cannot draw for a {mechanism.sampling!r} "
                 f"mechanism over {mechanism.population}: sampling and accounting must use the same population"
             )
-        return self.draw(ids, self.rng(round_), mechanism)
+        return ids
 
 
 class PoissonSampler(Sampler):
@@ -409,9 +413,7 @@ class ScheduledSampler(Sampler):
         return ok
 
     def sample(self, round_: int, client_ids: Any, mechanism: Any) -> np.ndarray:
-        ids = id_array(client_ids)
-        if mechanism.sampling != self.name or mechanism.population != ids.size:
-            super().sample(round_, ids, mechanism)  # its error names the mismatch
+        ids = self.checked_ids(client_ids, mechanism)
         if round_ <= self.last_round:
             raise ValueError(
                 f"round {round_} is sampled after round {self.last_round}: a participation schedule draws its "
