@@ -92,7 +92,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     from fedsim.engine.base import EngineError
     from fedsim.engine.runner import AlreadyFinished, resume_run, run_scenario
+    from fedsim.env import process_age_s
     from fedsim.report.rows import format_row
+
+    # the interpreter, the imports (torch, pydantic, dp-accounting, fedsim's run stack) and the scenario's loading
+    startup = process_age_s()
 
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
@@ -116,7 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.resume is not None:
                 result = resume_run(args.resume, rounds=rounds, on_row=on_row)
             else:
-                result = run_scenario(scenario, args.out, on_row=on_row)
+                result = run_scenario(
+                    scenario,
+                    args.out,
+                    on_row=on_row,
+                    timings={} if startup is None else {"startup_s": startup},
+                )
     except AlreadyFinished as exc:  # nothing to do, and nothing was changed: not an error
         console.print(str(exc), markup=False)
         return 0
@@ -159,12 +168,17 @@ def _print_summary(console: Any, result: Any) -> None:
     gen = last.get("generalization", {})
     t = result.timings
     parts = ", ".join(
-        f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in t.items() if k != "total_s"
+        f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f} s" for k, v in t.items() if k != "total_s"
     )
     console.print(
         f"done: {len(rows)} rounds in {t.get('total_s', 0):.1f} s ({parts}; timings are non-private: they grow "
         "with the realised cohort)"
     )
+    engine = result.engine or {}
+    if engine.get("why"):  # engine.name = "auto": which engine it picked, and why
+        console.print(
+            f"engine: {engine['name']} (picked by engine.name='auto': {engine['why']})", markup=False
+        )
     diag = last.get(NON_PRIVATE, {})
     if last.get("heldout_accuracy") is not None:
         ppl = last.get("heldout_perplexity")

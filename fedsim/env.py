@@ -37,3 +37,18 @@ def set_offline_defaults(private_state: bool = False, prefix: str = "fedsim-") -
     if private_state:
         os.environ.setdefault("FLWR_HOME", os.path.join(tempfile.mkdtemp(prefix=prefix), "flwr"))
         os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: from ``/proc``, to the kernel's clock tick), or ``None`` where the
+    operating system does not say: what ``fedsim run`` reports as ``startup_s`` (the interpreter and its imports,
+    before the run's first step)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # the command name (field 2) may hold spaces: the fields after it follow its closing parenthesis
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

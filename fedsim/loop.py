@@ -77,6 +77,8 @@ class RunResult:
     stopped_by: str | None = None
     #: with diagnostics on, why exactly (failure counts, the first client error): non-private
     stopped_detail: str | None = None
+    #: the engine that trained the rounds: ``{"name", "requested", "why"}`` (:func:`engine_description`)
+    engine: dict[str, Any] | None = None
 
 
 def run_rounds(
@@ -214,6 +216,9 @@ class RoundLoop:
         self.stopped_detail: str | None = None
         self.train_path = training_path(engine, exp)
         self.train_fallbacks = training_fallbacks(engine, exp)
+        self.engine_info = engine_description(engine, scenario)
+        # the clients evaluated in every evaluated round: all, or engine.eval_clients of each kind (a fixed sample)
+        self.eval_train_ids, self.eval_heldout_ids = evaluation_clients(exp, scenario)
         # TensorBoard / MLflow ([report]; only with a run directory): off by default, and then nothing is imported.
         # One that cannot start is a ValueError here, before the first round; one that fails later only warns
         self.trackers = start_trackers(
@@ -310,10 +315,14 @@ class RoundLoop:
         """Evaluate the new global model into ``row``: the held-out clients (``server_eval``) and, with diagnostics,
         the training clients and the membership attack."""
         engine, exp = self.engine, self.exp
-        heldout_ids = exp.heldout_ids
+        heldout_ids = self.eval_heldout_ids
         held = engine.evaluate(heldout_ids, self.weights) if self.server_eval and heldout_ids.size else None
+        if held is not None and heldout_ids.size < exp.heldout_ids.size:
+            row["heldout_clients_evaluated"] = int(heldout_ids.size)  # engine.eval_clients: a fixed sample
         if self.diagnostics:
-            trained_rows = engine.evaluate(exp.train_ids, self.weights)
+            trained_rows = engine.evaluate(self.eval_train_ids, self.weights)
+            if self.eval_train_ids.size < exp.train_ids.size:
+                row.setdefault(NON_PRIVATE, {})["train_clients_evaluated"] = int(self.eval_train_ids.size)
             merge_columns(row, evaluation_columns(exp.data, trained_rows, held))
             if self.scenario.report.membership_attack and held is not None:
                 row[NON_PRIVATE]["attack"] = attack_columns(trained_rows, held, self.scenario.seed, t)
@@ -354,6 +363,7 @@ class RoundLoop:
         self.accounting.close()
         timings = self.timings
         timings["rounds_s"] = time.perf_counter() - t_rounds
+        timings.update(first_round_timings(self.rows[self.first - 1 :]))  # the rounds this run trained
         timings["total_s"] = (
             timings.get("setup_s", 0.0) + timings.get("engine_start_s", 0.0) + (time.perf_counter() - t0)
         )
@@ -366,6 +376,7 @@ class RoundLoop:
             timings,
             self.stopped_by,
             self.stopped_detail,
+            self.engine_info,
         )
         if self.trackers:  # never raises
             private = _nominal_private(self.strategy, self.population, final=bool(self.rows))
@@ -396,9 +407,51 @@ class RoundLoop:
                 self.diagnostics,
                 local_training=self.train_path,
                 local_training_fallbacks=self.train_fallbacks,
+                engine=self.engine_info,
             ),
         )
         writer.write_plots()
+
+
+def engine_description(engine: Any, scenario: Any) -> dict[str, Any]:
+    """Which engine trained the rounds (public): ``name`` (the engine's, ``None`` when it does not say),
+    ``requested`` (``engine.name``) and, when ``auto`` picked it, ``why`` (:mod:`fedsim.engine.auto`)."""
+    choice = getattr(engine, "choice", None)
+    return {
+        "name": getattr(engine, "name", None),
+        "requested": scenario.engine.name,
+        "why": getattr(choice, "why", None),
+    }
+
+
+def evaluation_clients(exp: Experiment, scenario: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The training and held-out clients every evaluated round evaluates: all of them, or with
+    ``engine.eval_clients = k`` at most k of each, drawn once (seeded by the scenario's seed, without replacement,
+    sorted) and the same in every round, so an evaluated round's cost does not grow with the population. The
+    sample is a function of the seed and the client ids only: it is the same on every engine and after a resume."""
+    k = scenario.engine.eval_clients
+    train, held = np.asarray(exp.train_ids), np.asarray(exp.heldout_ids)
+    if k is None:
+        return train, held
+    rng = np.random.default_rng([int(scenario.seed), EVAL_SAMPLE_STREAM])
+    return tuple(  # type: ignore[return-value]
+        np.sort(rng.choice(ids, size=k, replace=False)) if ids.size > k else ids for ids in (train, held)
+    )
+
+
+#: the stream of :func:`evaluation_clients`' generator (its own: no other random quantity draws from it)
+EVAL_SAMPLE_STREAM = 0xE7A1
+
+
+def first_round_timings(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The first round this run trained, against the others: ``first_round_s`` (its training time) and
+    ``first_round_extra_s`` (that, less the median of the later rounds': the one-off cost of the first round, such
+    as compiling and warming up the training path). Empty with fewer than 2 rounds."""
+    times = [r.get(NON_PRIVATE, {}).get("train_time_s") for r in rows]
+    times = [float(t) for t in times if t is not None]
+    if len(times) < 2:
+        return {}
+    return {"first_round_s": times[0], "first_round_extra_s": times[0] - float(np.median(times[1:]))}
 
 
 def _nominal_private(strategy: Any, population: int, final: bool = False) -> bool | None:

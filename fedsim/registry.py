@@ -132,3 +132,8 @@ register_engine(
     "Flower's Simulation Engine: the round loop runs inside Flower's ServerApp, one virtual SuperNode per client",
     drives_loop=True,
 )
+register_engine(
+    "auto",
+    "fedsim.engine.auto:AutoEngine",
+    "'local' or 'ray', picked by the run's needs, the machine's CPUs and a round's size (the default)",
+)

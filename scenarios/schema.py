@@ -395,7 +395,9 @@ class AgnosticConfig(_Section):
 
 class EngineConfig(_Section):
     name: Annotated[str, AfterValidator(_registered("engine.name", engine_names))] = Field(
-        "ray", description="a registered engine (fedsim.registry.ENGINES): ray, local, flower, ..."
+        "auto",
+        description="a registered engine (fedsim.registry.ENGINES): auto (local or ray, picked by the run's needs, "
+        "the machine's CPUs and a round's size; summary.json says which and why), ray, local, flower, ...",
     )
     num_workers: int = Field(2, ge=1)
     num_cpus_per_worker: float = Field(1.0, gt=0)
@@ -411,6 +413,14 @@ class EngineConfig(_Section):
         "loop), or one of 'per-layer', 'vmap', 'loop'; true means 'auto', false 'loop'",
     )
     eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
+    eval_clients: int | None = Field(
+        None,
+        ge=1,
+        description="evaluate at most this many training clients and this many held-out clients: a fixed sample "
+        "drawn once from the seed, the same in every evaluated round, so evaluation does not grow with the "
+        "population (rows then give heldout_clients_evaluated and non_private.train_clients_evaluated); "
+        "none: every client",
+    )
     checkpoint_every: int = Field(
         10,
         ge=0,
@@ -443,7 +453,7 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _timeout_needs_another_process(self) -> EngineConfig:
-        if self.round_timeout_s is not None and self.name == "local":
+        if self.round_timeout_s is not None and self.name == "local":  # 'auto' then picks 'ray'
             raise ValueError(
                 "engine.round_timeout_s needs engine.name 'ray' or 'flower': the 'local' engine trains in this "
                 "process and cannot stop a client that hangs"

@@ -148,7 +148,9 @@ class RayEngine:
         import ray  # as above
 
         need = max(1, int(np.ceil(num_workers * num_cpus)))
+        t0 = time.perf_counter()
         self._owns_ray = init_ray(address, num_cpus=need, num_gpus=None if num_gpus else 0)
+        t_workers = time.perf_counter()
         total_gpus = ray.cluster_resources().get("GPU", 0.0)
         if num_gpus > 0 and total_gpus < num_gpus:
             raise ValueError(
@@ -165,6 +167,11 @@ class RayEngine:
         self._new_worker = lambda: actor.remote(data_ref, settings, int(max(1, num_cpus)))
         self.workers = [self._new_worker() for _ in range(num_workers)]
         self.infos = ray.get([w.info.remote() for w in self.workers])
+        #: seconds to start (or join) Ray, and to start the workers (each builds its trainer): summary.json's timings
+        self.start_timings = {
+            "ray_start_s": t_workers - t0,
+            "workers_start_s": time.perf_counter() - t_workers,
+        }
         #: the training path the workers chose (``per-layer``, ``vmap`` or ``loop``: the same check in each)
         self.training_path = str(self.infos[0]["path"])
         #: why the workers refused faster paths (the same check in each: the first worker's reasons)
@@ -192,7 +199,7 @@ class RayEngine:
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
-        w_ref = ray.put(np.asarray(weights, dtype=np.float32))  # one copy in the object store for all workers
+        w_ref = _shipped(weights)
         shares = self._shares(plan.cohort)
         deadline = None if self.round_timeout_s is None else time.monotonic() + self.round_timeout_s
         streams: dict[int, Any] = {}
@@ -321,7 +328,7 @@ class RayEngine:
         import ray  # as above
 
         lost_errors = _lost_worker_errors()
-        w_ref = ray.put(np.asarray(weights, dtype=np.float32))
+        w_ref = _shipped(weights)
         shares = self._shares(client_ids)
         futures = {
             i: self.workers[i].evaluate.remote(share, w_ref) for i, share in enumerate(shares) if share
@@ -431,6 +438,22 @@ def _driver_pythonpath() -> Iterator[None]:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
+
+
+#: weights up to this size go to the workers inside each call; larger ones are put in the object store once per
+#: round and every worker reads that one copy. Ray inlines arguments up to 100 KiB in the task itself
+#: (``max_direct_call_object_size``); an explicit ``ray.put`` of a small vector cost more than the call it saves
+#: (about 5 ms of a 15 ms round of the perceptron workload on 2 workers, measured with ``benchmarks/engine.py``)
+INLINE_WEIGHTS_BYTES = 100 * 1024
+
+
+def _shipped(weights: np.ndarray) -> Any:
+    """The round's weights as the workers' calls take them: the float32 array itself when small
+    (:data:`INLINE_WEIGHTS_BYTES`), else a reference to one copy in the object store."""
+    import ray  # as above
+
+    w = np.asarray(weights, dtype=np.float32)
+    return w if w.nbytes <= INLINE_WEIGHTS_BYTES else ray.put(w)
 
 
 def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> list[list[int]]:

@@ -59,8 +59,11 @@ def run_scenario(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     runs_root: str | Path = "runs",
     engine: Engine | None = None,
+    timings: dict[str, float] | None = None,
 ) -> RunResult:
     """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round.
+
+    ``timings``: what the caller measured before (``fedsim run``'s ``imports_s``), reported with the run's own.
 
     ``engine``: an engine object to reuse (not closed here); by default the engine the scenario's ``engine.name``
     names in :mod:`fedsim.registry` (``ray``, ``local``, ``flower``: Flower's own Simulation Engine, or one
@@ -95,7 +98,7 @@ def run_scenario(
             return host.run_scenario(scenario, on_row=on_row, writer=writer)
         if writer:
             writer.write_data(exp.data.describe())  # its exact statistics under non_private
-        result = _run_on_engine(exp, engine, writer, on_row, t0)
+        result = _run_on_engine(exp, engine, writer, on_row, t0, timings=timings)
         final_checkpoint(writer, result, scenario)
         return result
     finally:
@@ -163,14 +166,23 @@ def _run_on_engine(
     writer: RunWriter | None,
     on_row: Callable[[dict[str, Any]], None] | None,
     t0: float,
+    timings: dict[str, float] | None = None,
     **kwargs: Any,
 ) -> RunResult:
-    """Start the scenario's engine unless one is given, run the rounds, close the engine it started."""
+    """Start the scenario's engine unless one is given, run the rounds, close the engine it started.
+
+    The timings: ``setup_s`` (data, model, strategy), ``engine_start_s`` and, where the engine measures them, its
+    parts (the Ray engine's ``ray_start_s`` and ``workers_start_s``), after the caller's ``timings``."""
     own = engine is None
     t_engine = time.perf_counter()
     try:
         engine = engine or build_engine(exp.scenario, exp.data, exp.settings)
-        timings = {"setup_s": t_engine - t0, "engine_start_s": time.perf_counter() - t_engine}
+        timings = {
+            **(timings or {}),
+            "setup_s": t_engine - t0,
+            "engine_start_s": time.perf_counter() - t_engine,
+            **(getattr(engine, "start_timings", None) or {} if own else {}),
+        }
         return run_rounds(exp, engine, writer=writer, on_row=on_row, timings=timings, **kwargs)
     finally:
         if own and engine is not None:

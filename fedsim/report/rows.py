@@ -213,12 +213,14 @@ def summary(
     *,
     local_training: str | None = None,
     local_training_fallbacks: Sequence[str] | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: the last row's values, what epsilon covers, the audit of the paper bounds.
 
     ``local_training``: the path the trainers took (as in every row), ``local_training_fallbacks``: why they
     refused the faster ones (:func:`fedsim.loop.training_fallbacks`); public, ``None`` where the engine does not
-    say.
+    say. ``engine``: the engine that trained the rounds, the one asked for and why ``auto`` picked it
+    (:func:`fedsim.loop.engine_description`; public: settings and the machine).
 
     What is exact about clients is under ``non_private``: the timings (with ``diagnostics``), and after a stop
     that is not in :data:`PUBLIC_STOPS` (a stop by client failures), ``stopped_by``, ``stopped_reason`` and
@@ -243,6 +245,7 @@ def summary(
         "scenario": scenario.name,
         **(stop if public_stop else {}),
         "rounds_planned": scenario.rounds,
+        "engine": engine,
         # public: a function of the model and the settings (engine.vectorize), the same for every round
         "local_training": local_training,
         "local_training_fallbacks": fallbacks,

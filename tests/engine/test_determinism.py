@@ -74,3 +74,30 @@ def test_a_run_whose_pld_would_not_fit_in_memory_reports_rdp_and_says_so():
     assert row["accountant"] == "pld" and row["accountant_used"] == "rdp"
     assert "noise multiplier 0.005" in row["accountant_note"]
     assert row["epsilon"] == res.strategy.ledger.epsilon(sc.privacy.delta, "rdp")
+
+
+def test_weights_travel_inline_when_small_and_by_reference_when_large(scenario, ray_session, monkeypatch):
+    """Small weights go inside each worker's call (no object-store round trip); large ones are put once per round.
+    Either way the round is the same, bit for bit."""
+    import ray
+
+    from fedsim.engine import ray_engine
+
+    assert isinstance(ray_engine._shipped(np.zeros(1000)), np.ndarray)  # 4 KB as float32
+    assert isinstance(ray_engine._shipped(np.zeros(100_000)), ray.ObjectRef)  # 400 KB
+    data = build_data(scenario)
+    settings = TrainSettings.from_scenario(scenario)
+    engine = RayEngine(data, settings, num_workers=2)
+    try:
+        # joined the running Ray session: its start is the join (near zero), the workers' start is measured
+        assert set(engine.start_timings) == {"ray_start_s", "workers_start_s"}
+        assert engine.start_timings["workers_start_s"] > 0
+        rounds = {}
+        for limit in (ray_engine.INLINE_WEIGHTS_BYTES, 0):  # the default, then everything by reference
+            monkeypatch.setattr(ray_engine, "INLINE_WEIGHTS_BYTES", limit)
+            rounds[limit] = run_scenario(scenario, write=False, engine=engine)
+    finally:
+        engine.close()
+    a, b = rounds.values()
+    np.testing.assert_array_equal(a.weights, b.weights)
+    assert [r.get("heldout_accuracy") for r in a.rows] == [r.get("heldout_accuracy") for r in b.rows]

@@ -1,7 +1,7 @@
-"""The default scenario end to end on Ray workers, through the command line.
+"""The default scenario end to end through the command line, on the engine ``engine.name = "auto"`` picks.
 
-One Ray start for the whole file: the quickstart run (30 rounds, 2 workers) is the real thing a user gets
-from `make run`; its certified epsilon is checked against dp-accounting computed here independently.
+One run for the whole file: the quickstart run (30 rounds) is the real thing a user gets from `make run`; its
+certified epsilon is checked against dp-accounting computed here independently.
 """
 
 import json
@@ -35,6 +35,13 @@ def test_quickstart_writes_the_run_directory(quickstart_run):
     assert "round  30/30" in stdout and "certified epsilon" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 30
+    # which engine ran it and why, in the summary and the output; where the time went
+    engine = summary["engine"]
+    assert engine["requested"] == "auto" and engine["name"] in ("local", "ray") and engine["why"]
+    assert f"engine: {engine['name']} (picked by engine.name='auto'" in stdout
+    timings = summary["non_private"]["timings"]
+    assert timings["startup_s"] > 0  # the interpreter and the imports, before the run's first step (Linux)
+    assert timings["first_round_s"] > 0 and "first_round_extra_s" in timings
     ledger = json.loads((out / "ledger.json").read_text())
     assert ledger  # serialised releases
 
