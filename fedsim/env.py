@@ -16,6 +16,8 @@ OFFLINE_DEFAULTS = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
+    # Ray's usage statistics: a report thread in every local instance, and nothing fedsim needs
+    "RAY_USAGE_STATS_ENABLED": "0",
 }
 
 

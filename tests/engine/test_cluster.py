@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,7 +92,13 @@ def test_the_readme_ray_start_sequence_runs_a_scenario_on_the_cluster(tmp_path):
     ray_cli = str(Path(sys.executable).with_name("ray"))
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # the nodes' own temporary folder (short: Ray's socket paths): `ray start` leaves the cluster's address there,
+    # where a later ray.init() in this process would find it and try to join a cluster that is gone
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_TMPDIR": tempfile.mkdtemp(prefix="r", dir="/tmp"),
+    }
     common = ["--block", "--num-cpus=1", "--disable-usage-stats"]
     nodes = [
         subprocess.Popen(
@@ -150,13 +157,16 @@ def test_the_readme_ray_start_sequence_runs_a_scenario_on_the_cluster(tmp_path):
 
 def _wait_for_cpus(address: str, cpus: int, timeout: float = 90.0) -> None:
     """Until the cluster at ``address`` has ``cpus`` CPUs (its nodes have joined), asked from a separate process."""
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="r", dir="/tmp")}
     probe = (
         "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
         "print(int(ray.cluster_resources().get('CPU', 0)))"
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-c", probe, address], capture_output=True, text=True, timeout=60, env=env
+        )
         if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(cpus)]:
             return
         time.sleep(1.0)

@@ -86,4 +86,6 @@ def test_every_simulation_engine_gives_the_same_rows_ledger_and_summary(tmp_path
         assert json.loads(files[engine]["ledger.json"]) == json.loads(ref["ledger.json"])
         summary, ref_summary = json.loads(files[engine]["summary.json"]), json.loads(ref["summary.json"])
         summary["non_private"].pop("timings"), ref_summary["non_private"].pop("timings")
+        # which engine ran: the one asked for, by name (nothing else of the summary may differ)
+        assert summary.pop("engine")["requested"] == engine and ref_summary.pop("engine")["name"] == "local"
         _compare(summary, ref_summary, engine)

@@ -1,0 +1,515 @@
+"""Empirical privacy: what a trained model reveals about canaries, as an epsilon (pure functions, no training).
+
+Two methods, each from one paper:
+
+* **One-shot estimation** (Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot empirical privacy
+  estimation for federated learning", ICLR 2024, arXiv 2302.03098). Canary clients submit fixed random unit
+  directions (scaled to the clip norm). After training, the cosine between the final model delta and each
+  canary's direction is computed, for the canaries that were inserted and for held-out canaries that never
+  were. A Gaussian is fitted to each set of cosines and the estimate is the epsilon at ``delta`` of
+  distinguishing the two Gaussians (:func:`andrew_estimate`, :func:`gaussians_epsilon`). It is an *estimate*,
+  not a bound.
+* **Auditing with one training run** (Steinke, Nasr, Jagielski, "Privacy auditing with one (1) training run",
+  NeurIPS 2023, arXiv 2305.08846). ``m`` canaries are each included independently with probability 1/2; the
+  auditor guesses "in" for the highest scores, "out" for the lowest and abstains on the rest. The number of
+  correct guesses gives a p-value for the hypothesis "the training is (eps, delta)-DP" and hence an epsilon
+  *lower bound* at a stated confidence (:func:`one_run_p_value`, :func:`one_run_lower_bound`,
+  :func:`one_run_audit`).
+
+Public API::
+
+    gaussian_hockey_stick, gaussians_delta, gaussians_epsilon    # hockey-stick divergence of two Gaussians
+    gaussian_mechanism_mu                                         # the mean gap at which N(0,1) vs N(mu,1) is (eps, delta)
+    random_unit_directions, canary_cosines, andrew_estimate       # Andrew et al. 2024
+    one_run_p_value, one_run_lower_bound, one_run_audit           # Steinke et al. 2023
+    gaussian_mechanism_scores                                     # synthetic scores of an exact Gaussian mechanism
+
+Only numpy and scipy are used (no torch): the inputs are arrays the caller has already computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+from scipy.special import expit, log_ndtr, ndtr
+
+from fedsim.validation import PrivacyInputError
+
+__all__ = [
+    "andrew_estimate",
+    "canary_cosines",
+    "gaussian_hockey_stick",
+    "gaussian_mechanism_mu",
+    "gaussian_mechanism_scores",
+    "gaussians_delta",
+    "gaussians_epsilon",
+    "one_run_audit",
+    "one_run_lower_bound",
+    "one_run_p_value",
+    "random_unit_directions",
+]
+
+#: the largest epsilon searched for; beyond it :func:`gaussians_epsilon` reports ``math.inf``
+_EPS_SEARCH_MAX = 4096.0
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _finite(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise PrivacyInputError(name, value, "must be a finite number") from None
+    if isinstance(value, bool) or not math.isfinite(v):
+        raise PrivacyInputError(name, value, "must be a finite number")
+    return v
+
+
+def _std(name: str, value: Any) -> float:
+    v = _finite(name, value)
+    if v < 0:
+        raise PrivacyInputError(name, value, "must be a standard deviation: a finite number >= 0")
+    return v
+
+
+def _delta_open(name: str, value: Any) -> float:
+    v = _finite(name, value)
+    if not 0.0 < v < 1.0:
+        raise PrivacyInputError(name, value, "must be a number with 0 < delta < 1")
+    return v
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None, high_name: str | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PrivacyInputError(name, value, "must be an integer")
+    v = int(value)
+    if v < low or (high is not None and v > high):
+        upper = f" and <= {high_name or high}" if high is not None else ""
+        raise PrivacyInputError(name, value, f"must be an integer >= {low}{upper}")
+    return v
+
+
+def _confidence(value: Any) -> float:
+    v = _finite("confidence", value)
+    if not 0.0 < v < 1.0:
+        raise PrivacyInputError("confidence", value, "must be a number with 0 < confidence < 1")
+    return v
+
+
+# --------------------------------------------------------------------- hockey-stick divergence of Gaussians
+
+
+def _log_interval(lo: float, hi: float) -> float:
+    """log P(lo < Z < hi) for Z ~ N(0, 1), accurate in the tails (log space on the side the interval lies)."""
+    if not lo < hi:
+        return -math.inf
+    if lo >= 0.0:  # upper tail: sf(lo) - sf(hi)
+        a, b = float(log_ndtr(-lo)), float(log_ndtr(-hi))
+    elif hi <= 0.0:  # lower tail: cdf(hi) - cdf(lo)
+        a, b = float(log_ndtr(hi)), float(log_ndtr(lo))
+    else:  # straddles 0: at least ~ the mass near 0, no cancellation worth avoiding
+        return math.log(float(ndtr(hi) - ndtr(lo)))
+    if a == -math.inf:
+        return -math.inf
+    return a + math.log1p(-math.exp(min(b - a, 0.0))) if b < a else -math.inf
+
+
+def _log_outside(lo: float, hi: float) -> float:
+    """log P(Z < lo or Z > hi) for Z ~ N(0, 1), lo <= hi."""
+    return float(np.logaddexp(log_ndtr(lo), log_ndtr(-hi)))
+
+
+def gaussian_hockey_stick(mu_p: float, s_p: float, mu_q: float, s_q: float, epsilon: float) -> float:
+    """The hockey-stick divergence ``delta_{P||Q}(eps)`` of ``P = N(mu_p, s_p^2)`` from ``Q = N(mu_q, s_q^2)``.
+
+    ``delta_{P||Q}(eps) = sup_S P(S) - e^eps Q(S) = integral (p(x) - e^eps q(x))_+ dx``, the privacy profile
+    used by Andrew et al. (2024, Section 3 and the appendix on two Gaussians of unequal variance) and, for equal
+    variances, the exact Gaussian-mechanism profile of Balle and Wang (2018, Theorem 8).
+
+    Computed exactly: the supremum is attained at ``S = {x : log p(x) - log q(x) > eps}``. In the coordinate
+    ``z = (x - mu_q) / s_q`` (the divergence is invariant under affine maps) ``Q = N(0, 1)``,
+    ``P = N(m, t^2)`` with ``m = (mu_p - mu_q) / s_q`` and ``t = s_p / s_q``, and the log-likelihood ratio is the
+    quadratic ``a z^2 + b z + c`` with ``a = (s_p^2 - s_q^2) / (2 s_p^2)``, ``b = m / t^2`` and
+    ``c = -log t - m^2 / (2 t^2)``. So ``S`` is a half-line (``a = 0``), the complement of an interval
+    (``a > 0``) or an interval (``a < 0``), and ``P(S)``, ``Q(S)`` are normal CDFs, evaluated in log space so
+    that divergences far below 1e-16 keep their relative precision. The roots are found with the cancellation-free
+    form of the quadratic formula, so nearly equal variances (``a`` tiny) give the equal-variance answer
+    continuously (the second root then lies far out in the tails).
+
+    A zero standard deviation is a point mass: against a point mass (or of one against a continuous
+    distribution, or of two distinct point masses) the divergence is 1; two equal point masses give
+    ``max(0, 1 - e^eps)``.
+    """
+    mu_p, mu_q = _finite("mu_p", mu_p), _finite("mu_q", mu_q)
+    s_p, s_q = _std("s_p", s_p), _std("s_q", s_q)
+    eps = _finite("epsilon", epsilon)
+    if s_p == 0.0 or s_q == 0.0:
+        if s_p == 0.0 and s_q == 0.0 and mu_p == mu_q:
+            return max(0.0, -math.expm1(eps))
+        return 1.0
+    m = (mu_p - mu_q) / s_q
+    t = s_p / s_q
+    a = (s_p - s_q) * (s_p + s_q) / (2.0 * s_p * s_p)
+    b = m / (t * t)
+    cc = -math.log1p((s_p - s_q) / s_q) - m * m / (2.0 * t * t) - eps  # c - eps
+    # S as (kind, lo, hi): "above" (lo, inf), "below" (-inf, hi), "inside" (lo, hi), "outside" R \ [lo, hi]
+    if a == 0.0:
+        if b == 0.0:  # identical distributions: S is R (cc > 0, i.e. eps < 0) or empty
+            return max(0.0, -math.expm1(eps))
+        root = -cc / b
+        kind, lo, hi = ("above", root, math.inf) if b > 0 else ("below", -math.inf, root)
+    else:
+        disc = b * b - 4.0 * a * cc
+        if disc <= 0.0:
+            # the quadratic keeps one sign: S is R (a > 0) or empty (a < 0)
+            return max(0.0, -math.expm1(eps)) if a > 0 else 0.0
+        qq = -0.5 * (b + math.copysign(math.sqrt(disc), b))  # never 0 when disc > 0
+        r1, r2 = qq / a, cc / qq
+        lo, hi = min(r1, r2), max(r1, r2)
+        kind = "outside" if a > 0 else "inside"
+
+    def log_prob(loc: float, scale: float) -> float:
+        zlo, zhi = (lo - loc) / scale, (hi - loc) / scale
+        if kind == "above":
+            return float(log_ndtr(-zlo))
+        if kind == "below":
+            return float(log_ndtr(zhi))
+        if kind == "inside":
+            return _log_interval(zlo, zhi)
+        return _log_outside(zlo, zhi)
+
+    log_p = log_prob(m, t)
+    log_q = log_prob(0.0, 1.0)
+    if log_p == -math.inf:
+        return 0.0
+    # P(S) - e^eps Q(S) = P(S) * (1 - exp(eps + log Q(S) - log P(S))), >= 0 up to rounding
+    gap = eps + log_q - log_p
+    if gap >= 0.0:
+        return 0.0
+    return float(math.exp(log_p) * -math.expm1(gap))
+
+
+def gaussians_delta(mu0: float, s0: float, mu1: float, s1: float, epsilon: float) -> float:
+    """``max(delta_{P1||P0}(eps), delta_{P0||P1}(eps))`` for ``P0 = N(mu0, s0^2)``, ``P1 = N(mu1, s1^2)``.
+
+    The delta at ``eps`` of the pair of distributions in both directions (an (eps, delta)-DP guarantee must hold
+    for both orders of neighbouring datasets); each term is :func:`gaussian_hockey_stick`.
+    """
+    return max(
+        gaussian_hockey_stick(mu1, s1, mu0, s0, epsilon),
+        gaussian_hockey_stick(mu0, s0, mu1, s1, epsilon),
+    )
+
+
+def gaussians_epsilon(mu0: float, s0: float, mu1: float, s1: float, delta: float) -> float:
+    """The smallest ``eps >= 0`` with ``max(delta_{P1||P0}(eps), delta_{P0||P1}(eps)) <= delta``.
+
+    ``P0 = N(mu0, s0^2)``, ``P1 = N(mu1, s1^2)``; this is the epsilon of distinguishing the two fitted Gaussians
+    that Andrew et al. (2024, Section 3, "estimating epsilon from the canary cosines") report. For equal
+    variances it is the epsilon of the Gaussian mechanism with noise multiplier ``s / |mu1 - mu0|`` (Balle and
+    Wang 2018, Theorem 8). The divergence (:func:`gaussians_delta`) is non-increasing in ``eps``; the root is
+    bracketed by doubling and found with :func:`scipy.optimize.brentq` (absolute tolerance 1e-13 in eps).
+
+    Returns 0.0 when ``eps = 0`` already gives at most ``delta`` (e.g. identical Gaussians) and ``math.inf``
+    when no finite epsilon does (a zero standard deviation, unless both are zero with equal means).
+    ``delta`` must satisfy ``0 < delta < 1``.
+    """
+    mu0, mu1 = _finite("mu0", mu0), _finite("mu1", mu1)
+    s0, s1 = _std("s0", s0), _std("s1", s1)
+    target = _delta_open("delta", delta)
+
+    def excess(eps: float) -> float:
+        return gaussians_delta(mu0, s0, mu1, s1, eps) - target
+
+    if excess(0.0) <= 0.0:
+        return 0.0
+    if s0 == 0.0 or s1 == 0.0:  # the divergence is 1 for every eps
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while excess(hi) > 0.0:
+        lo, hi = hi, 2.0 * hi
+        if hi > _EPS_SEARCH_MAX:
+            return math.inf
+    return float(optimize.brentq(excess, lo, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def gaussian_mechanism_mu(epsilon: float, delta: float) -> float:
+    """The mean gap ``mu`` (sensitivity in noise units, i.e. ``1 / noise multiplier``) at which the Gaussian
+    mechanism is exactly ``(epsilon, delta)``-DP: ``delta_{N(mu,1)||N(0,1)}(epsilon) = delta`` (Balle and Wang
+    2018, Theorem 8: ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta``), solved with brentq.
+
+    Used to build a mechanism of known epsilon for calibration (Steinke et al. 2023, Section 7, idealised
+    setting). ``epsilon >= 0``, ``0 < delta < 1``.
+    """
+    eps = _finite("epsilon", epsilon)
+    if eps < 0:
+        raise PrivacyInputError("epsilon", epsilon, "must be a finite number >= 0")
+    target = _delta_open("delta", delta)
+
+    def excess(mu: float) -> float:
+        return gaussian_hockey_stick(mu, 1.0, 0.0, 1.0, eps) - target
+
+    hi = 1.0
+    while excess(hi) < 0.0:  # the profile grows with mu, towards 1
+        hi *= 2.0
+    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-14, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+# ------------------------------------------------------------------------------------ Andrew et al. 2024
+
+
+def random_unit_directions(k: int, d: int, rng: np.random.Generator | int | None) -> np.ndarray:
+    """``k`` independent directions uniform on the unit sphere of R^d, as a ``(k, d)`` array of unit rows.
+
+    The canary updates of Andrew et al. (2024, Section 3): each canary client submits its direction scaled to
+    the clip norm in every round it participates. ``rng`` is a numpy Generator or a seed.
+    """
+    k = _int("k", k, 1)
+    d = _int("d", d, 1)
+    gen = np.random.default_rng(rng)
+    x = gen.standard_normal((k, d))
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / norms
+
+
+def canary_cosines(delta_vector: Any, directions: Any) -> np.ndarray:
+    """The cosines ``<v, u_j> / (|v| |u_j|)`` between one vector ``v`` (the final model delta, flattened) and
+    each row ``u_j`` of ``directions`` (``(k, d)``, unit rows): the test statistic of Andrew et al. (2024,
+    Section 3). Rows are divided by their own norm, so rows that are unit only up to rounding are fine.
+    Returns a ``(k,)`` float array; all zeros when ``v`` is the zero vector.
+    """
+    v = np.asarray(delta_vector, dtype=float)
+    u = np.asarray(directions, dtype=float)
+    if v.ndim != 1 or v.size == 0:
+        raise PrivacyInputError(
+            "delta_vector", f"array of shape {v.shape}", "must be a non-empty 1-D array (d,)"
+        )
+    if u.ndim != 2 or u.shape[1] != v.shape[0]:
+        raise PrivacyInputError(
+            "directions", f"array of shape {u.shape}", f"must be a 2-D array (k, d) with d = {v.shape[0]}"
+        )
+    if not (np.all(np.isfinite(v)) and np.all(np.isfinite(u))):
+        raise PrivacyInputError("delta_vector/directions", "non-finite entries", "must be finite")
+    row_norms = np.linalg.norm(u, axis=1)
+    if np.any(row_norms == 0.0):
+        raise PrivacyInputError("directions", "a zero row", "must have non-zero (unit) rows")
+    v_norm = float(np.linalg.norm(v))
+    if v_norm == 0.0:
+        return np.zeros(u.shape[0])
+    return (u @ v) / (row_norms * v_norm)
+
+
+def _sample(name: str, values: Any) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or x.size < 2:
+        raise PrivacyInputError(
+            name, f"array of shape {x.shape}", "must be a 1-D array of at least 2 cosines"
+        )
+    if not np.all(np.isfinite(x)):
+        raise PrivacyInputError(name, "non-finite entries", "must be finite")
+    return x
+
+
+def andrew_estimate(inserted_cosines: Any, heldout_cosines: Any, delta: float) -> dict[str, float | int]:
+    """The one-shot empirical epsilon of Andrew et al. (2024, Section 3, the estimation procedure).
+
+    Fits ``N(mu_in, sd_in^2)`` to the cosines of the inserted canaries and ``N(mu_out, sd_out^2)`` to those of
+    the held-out canaries (sample mean and unbiased sample standard deviation, ``ddof=1``) and returns the
+    epsilon at ``delta`` of distinguishing the two (:func:`gaussians_epsilon`, both directions). Needs at least
+    2 cosines in each set. Returns ``{"epsilon", "mu_in", "sd_in", "mu_out", "sd_out", "n_in", "n_out"}``.
+    """
+    x_in = _sample("inserted_cosines", inserted_cosines)
+    x_out = _sample("heldout_cosines", heldout_cosines)
+    delta = _delta_open("delta", delta)
+    mu_in, sd_in = float(np.mean(x_in)), float(np.std(x_in, ddof=1))
+    mu_out, sd_out = float(np.mean(x_out)), float(np.std(x_out, ddof=1))
+    return {
+        "epsilon": gaussians_epsilon(mu_out, sd_out, mu_in, sd_in, delta),
+        "mu_in": mu_in,
+        "sd_in": sd_in,
+        "mu_out": mu_out,
+        "sd_out": sd_out,
+        "n_in": int(x_in.size),
+        "n_out": int(x_out.size),
+    }
+
+
+# ----------------------------------------------------------------------------------- Steinke et al. 2023
+
+
+def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """The p-value of ``v`` or more correct guesses out of ``r`` under the hypothesis "(eps, delta)-DP".
+
+    Steinke, Nasr and Jagielski (2023), Theorem 3 (main result, general form) as computed by the paper's
+    Appendix D code: with ``q = e^eps / (1 + e^eps)``, ``beta = P[Binomial(r, q) >= v]`` and, for
+    ``delta > 0``,
+
+        ``alpha = max_{i = 1..v} P[v - i <= Binomial(r, q) < v] / i``,   p = min(1, beta + 2 m delta alpha).
+
+    (The theorem's maximum runs over ``i = 1..m``; terms with ``i > v`` have numerator ``1 - beta`` and a larger
+    denominator than ``i = v``, so the two are equal.) I could not re-read the paper while writing this; the
+    delta term is the form specified for this module and agrees with the paper's Appendix D code as
+    reproduced in several public repositories. ``m`` is the number of canaries (each included with
+    probability 1/2), ``0 <= v <= r <= m``, ``epsilon >= 0``, ``0 <= delta <= 1``.
+
+    The partial sums ``P[v - i <= W < v]`` are cumulative sums of the binomial pmf (not differences of
+    survival functions), so they stay accurate when tiny.
+    """
+    m = _int("m", m, 1)
+    r = _int("r", r, 0, m, "m")
+    v = _int("v", v, 0, r, "r")
+    eps = _finite("epsilon", epsilon)
+    if eps < 0:
+        raise PrivacyInputError("epsilon", epsilon, "must be a finite number >= 0")
+    d = _finite("delta", delta)
+    if not 0.0 <= d <= 1.0:
+        raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
+    if v == 0:
+        return 1.0
+    q = float(expit(eps))  # e^eps / (1 + e^eps) without overflow
+    beta = float(stats.binom.sf(v - 1, r, q))
+    if d == 0.0:
+        return min(1.0, beta)
+    ks = np.arange(v - 1, -1, -1)  # v-1, v-2, ..., 0
+    window = np.cumsum(stats.binom.pmf(ks, r, q))  # window[i-1] = P[v - i <= W < v]
+    alpha = float(np.max(window / np.arange(1, v + 1)))
+    return min(1.0, beta + alpha * m * d)
+
+
+def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+    """The epsilon lower bound of Steinke et al. (2023, Theorem 3 and the Appendix D procedure): the largest
+    ``eps >= 0`` at which "(eps, delta)-DP" is rejected at ``confidence``, i.e.
+    ``one_run_p_value(m, r, v, eps, delta) <= 1 - confidence``; 0.0 when even ``eps = 0`` is not rejected.
+
+    Conservative reading: ``beta`` grows with eps but the delta term need not, so the p-value is not
+    guaranteed monotone in eps. The bound returned is the *first* crossing, ``inf{eps : p(eps) > 1 - confidence}``
+    (every eps below it is rejected), never a later one. It is located on a grid of 256 points in
+    ``[0, eps_beta]`` (``eps_beta``: where ``beta`` alone, a lower bound on p, crosses the level, found by brentq;
+    no crossing can lie beyond it) and refined by brentq on the first grid cell where p exceeds the level; the
+    value returned itself has ``p <= 1 - confidence``. When the p-value is monotone this is the paper's bisection
+    answer (to 1e-12).
+    """
+    m = _int("m", m, 1)
+    r = _int("r", r, 0, m, "m")
+    v = _int("v", v, 0, r, "r")
+    d = _finite("delta", delta)
+    if not 0.0 <= d <= 1.0:
+        raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
+    level = 1.0 - _confidence(confidence)
+
+    def excess(eps: float) -> float:
+        return one_run_p_value(m, r, v, eps, d) - level
+
+    if excess(0.0) > 0.0:
+        return 0.0
+
+    def beta_excess(eps: float) -> float:
+        return float(stats.binom.sf(v - 1, r, float(expit(eps)))) - level
+
+    hi = 1.0
+    while beta_excess(hi) <= 0.0:  # beta -> 1 as eps -> inf (v <= r), so this ends
+        hi *= 2.0
+    eps_beta = float(optimize.brentq(beta_excess, 0.0, hi, xtol=1e-12))
+    grid = np.linspace(0.0, eps_beta, 257)
+    prev = 0.0
+    for eps in grid[1:]:
+        if excess(float(eps)) > 0.0:
+            root = float(optimize.brentq(excess, prev, float(eps), xtol=1e-12))
+            # brentq may land just past the crossing: step back so that the bound itself is rejected
+            while root > prev and excess(root) > 0.0:
+                root = max(prev, root - 1e-12 * max(1.0, root))
+            return root
+        prev = float(eps)
+    return eps_beta  # p <= level on the whole grid, and beta (<= p) reaches the level at eps_beta
+
+
+def _default_guesses(m: int) -> tuple[int, ...]:
+    return tuple(sorted({g for g in (m // 16, m // 8, m // 4, m // 2, m) if g >= 1}))
+
+
+def one_run_audit(
+    scores: Any,
+    included: Any,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Audit one training run (Steinke et al. 2023, Section 3 and the experiments' guessing rule).
+
+    ``scores[j]`` is the auditor's score of canary ``j`` (higher: more likely included), ``included[j]`` whether
+    it was included. For each candidate number of guesses ``r`` the auditor guesses "in" for the top
+    ``ceil(r/2)`` scores and "out" for the bottom ``floor(r/2)`` (ties broken by index, stably), abstains on
+    the rest, and counts the correct guesses ``v``. Choosing ``r`` after seeing the data needs a correction, so
+    each candidate's bound is computed at confidence ``1 - (1 - confidence) / len(candidates)`` (Bonferroni)
+    and the result is the maximum over the candidates, valid at ``confidence`` overall.
+
+    ``guesses``: the candidate ``r`` values (each 1..m; deduplicated and sorted); default
+    ``(m//16, m//8, m//4, m//2, m)``, those >= 1. Returns ``{"epsilon_lower_bound", "confidence", "guesses",
+    "correct", "m", "candidates"}``: ``guesses``/``correct`` of the best candidate (the first, i.e. smallest,
+    on ties), ``confidence`` the overall one, ``candidates`` a list of ``{"guesses", "correct", "confidence",
+    "epsilon_lower_bound"}`` with the per-candidate (Bonferroni) confidence.
+    """
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 1 or s.size == 0:
+        raise PrivacyInputError("scores", f"array of shape {s.shape}", "must be a non-empty 1-D array (m,)")
+    if not np.all(np.isfinite(s)):
+        raise PrivacyInputError("scores", "non-finite entries", "must be finite")
+    inc_raw = np.asarray(included)
+    if inc_raw.shape != s.shape:
+        raise PrivacyInputError(
+            "included", f"array of shape {inc_raw.shape}", f"must have the shape of scores {s.shape}"
+        )
+    if inc_raw.dtype != bool and not np.all(np.isin(inc_raw, (0, 1))):
+        raise PrivacyInputError("included", "non-boolean entries", "must be booleans (or 0/1)")
+    inc = inc_raw.astype(bool)
+    m = int(s.size)
+    conf = _confidence(confidence)
+    d = _finite("delta", delta)
+    if not 0.0 <= d <= 1.0:
+        raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
+    if guesses is None:
+        cands = _default_guesses(m)
+    else:
+        cands = tuple(sorted({_int("guesses", g, 1, m, f"m = {m}") for g in guesses}))
+    if not cands:
+        raise PrivacyInputError("guesses", guesses, f"must hold at least one number of guesses in 1..{m}")
+    per_conf = 1.0 - (1.0 - conf) / len(cands)
+    order = np.argsort(s, kind="stable")  # ascending
+    results = []
+    for r in cands:
+        n_in, n_out = (r + 1) // 2, r // 2
+        top = order[m - n_in :]
+        bottom = order[:n_out]
+        v = int(np.count_nonzero(inc[top]) + np.count_nonzero(~inc[bottom]))
+        eps = one_run_lower_bound(m, r, v, d, per_conf)
+        results.append({"guesses": r, "correct": v, "confidence": per_conf, "epsilon_lower_bound": eps})
+    best = max(results, key=lambda c: c["epsilon_lower_bound"])  # max keeps the first on ties
+    return {
+        "epsilon_lower_bound": best["epsilon_lower_bound"],
+        "confidence": conf,
+        "guesses": best["guesses"],
+        "correct": best["correct"],
+        "m": m,
+        "candidates": results,
+    }
+
+
+def gaussian_mechanism_scores(
+    m: int, mu: float, rng: np.random.Generator | int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of the exact Gaussian mechanism in the idealised audit setting (Steinke et al. 2023, Section 7):
+    ``included[j] ~ Bernoulli(1/2)`` independently and ``score[j] = mu * included[j] + N(0, 1)``, i.e. sensitivity
+    ``mu`` in noise units (noise multiplier ``1 / mu``). Returns ``(scores (m,) float, included (m,) bool)``.
+    ``rng`` is a numpy Generator or a seed.
+    """
+    m = _int("m", m, 1)
+    mu = _finite("mu", mu)
+    gen = np.random.default_rng(rng)
+    included = gen.random(m) < 0.5
+    scores = mu * included + gen.standard_normal(m)
+    return scores, included
