@@ -157,6 +157,20 @@ def describe_statement(gen: dict[str, Any]) -> str:
     return f"{status}{need}"
 
 
+def describe_empirical(emp: dict[str, Any]) -> str:
+    """One line on a run's canary estimates (``privacy.canaries``), labelled as estimates."""
+
+    def fmt(v: Any) -> str:
+        return "none" if v is None else f"{v:.3g}"
+
+    return (
+        f"empirical (canaries, {emp['canaries_inserted']} inserted, {emp['canaries_held_out']} held out; estimates, "
+        f"not certificates): Andrew et al. epsilon estimate {fmt(emp.get('andrew_epsilon_all_rounds'))} "
+        f"(all rounds), {fmt(emp.get('andrew_epsilon_final'))} (final model); Steinke et al. lower bound "
+        f"{fmt(emp.get('steinke_epsilon_lower_bound'))} at {emp['confidence']:.0%} confidence"
+    )
+
+
 def _print_summary(console: Any, result: Any) -> None:
     from fedsim.report.rows import format_epsilon
 
@@ -193,6 +207,13 @@ def _print_summary(console: Any, result: Any) -> None:
         f"IGMM Theorem 7 as printed: {'undefined' if igmm is None else f'{igmm:.3f}'} (paper bound, not a "
         "certificate)"
     )
+    emp = last.get("empirical_privacy")
+    if emp:
+        console.print(describe_empirical(emp), markup=False)
+        from fedsim.privacy.canaries import interpret
+
+        for line in interpret(last.get("epsilon"), igmm, emp):
+            console.print(f"  {line}", markup=False)
     if result.run_dir:
         audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
         for method, verdict in audit.get("verdicts", {}).items():

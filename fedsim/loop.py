@@ -19,13 +19,14 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from fedsim.experiment import Experiment
+from fedsim.privacy.canaries import CanaryClients
 from fedsim.report.attack import attack_columns
 from fedsim.report.checkpoint import Checkpoint, write_checkpoint
 from fedsim.report.rows import (
@@ -197,7 +198,9 @@ class RoundLoop:
         self.exp, self.engine, self.writer, self.on_row = exp, engine, writer, on_row
         self.diagnostics, self.server_eval, self.available = diagnostics, server_eval, available
         scenario, strategy = self.scenario, self.strategy = exp.scenario, exp.strategy
-        self.population = int(exp.train_ids.size)
+        #: privacy.canaries: the canary clients inserted into the population (simulation only), else None
+        self.canaries = make_canaries(exp)
+        self.population = int(exp.train_ids.size) + (self.canaries.inserted if self.canaries else 0)
         self.delta, self.rounds = scenario.privacy.delta, scenario.rounds
         self.bounds = paper_bounds(strategy, self.population, self.rounds, self.delta)
         self.weights = exp.initial_weights
@@ -247,25 +250,45 @@ class RoundLoop:
         (the budget, or too many failed clients)."""
         if self.scenario.privacy.max_epsilon is not None:
             self.accounting.settle()
+        ids = self.exp.train_ids if self.available is None else self.available(t)
+        if self.canaries is not None:  # sampled like every client, from the population the accountant counts
+            ids = np.concatenate([np.asarray(ids, dtype=np.int64), self.canaries.ids])
         try:
-            plan = self.strategy.begin_round(
-                t, self.exp.train_ids if self.available is None else self.available(t)
-            )
+            plan = self.strategy.begin_round(t, ids)
         except BudgetExhausted as exc:
             self.stopped, self.stopped_by = str(exc), "budget"
             return False
         t_round = time.perf_counter()
-        partial, client_metrics = self.engine.train(plan, self.weights)
+        partial, client_metrics = self.train(plan)
         self.accounting.settle()  # round t-1's epsilon, computed while this round trained
         if self.refuse(t, plan, partial, client_metrics):
             return False
+        before = self.weights
         row = self.release(plan, partial, client_metrics, t_round)
         self.accounting.submit(row)
+        if self.canaries is not None:
+            self.canaries.observe(before, self.weights, self.exp.initial_weights)
+            if t % self.scenario.engine.eval_every == 0 or t == self.rounds:
+                row["empirical_privacy"] = self.canaries.estimates()
         if t % self.scenario.engine.eval_every == 0 or t == self.rounds:
             self.evaluate(t, row)
         row[NON_PRIVATE]["round_time_s"] = time.perf_counter() - t_round
         self.checkpoint(t)
         return True
+
+    def train(self, plan: RoundPlan) -> tuple[PartialSum, list[dict[str, Any]]]:
+        """The engine trains the round's real clients; the sampled canaries (:mod:`fedsim.privacy.canaries`)
+        submit their directions, scaled to the round's clip, into the same clipped sum."""
+        if self.canaries is None:
+            return self.engine.train(plan, self.weights)
+        is_canary = self.canaries.is_canary(plan.cohort)
+        partial, client_metrics = self.engine.train(
+            replace(plan, cohort=plan.cohort[~is_canary]), self.weights
+        )
+        for cid in plan.cohort[is_canary]:
+            norm = partial.add(self.canaries.update(int(cid), plan.clip), plan.clip)
+            client_metrics.append({"client": int(cid), "canary": True, "update_norm": norm})
+        return partial, client_metrics
 
     def refuse(
         self, t: int, plan: RoundPlan, partial: PartialSum, client_metrics: list[dict[str, Any]]
@@ -411,6 +434,23 @@ class RoundLoop:
             ),
         )
         writer.write_plots()
+
+
+def make_canaries(exp: Experiment) -> CanaryClients | None:
+    """The run's canary clients (``privacy.canaries``), their ids after every real client's; None without."""
+    p = exp.scenario.privacy
+    if not p.canaries:
+        return None
+    data = exp.data
+    last_id = max(int(np.max(exp.train_ids, initial=-1)), int(np.max(exp.heldout_ids, initial=-1)))
+    return CanaryClients(
+        int(p.canaries),
+        int(exp.initial_weights.size),
+        int(exp.scenario.seed),
+        max(last_id + 1, int(getattr(data, "num_clients", 0))),
+        float(p.delta),
+        float(p.canary_confidence),
+    )
 
 
 def engine_description(engine: Any, scenario: Any) -> dict[str, Any]:

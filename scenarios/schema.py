@@ -329,6 +329,16 @@ class PrivacyConfig(_Section):
         "'os-entropy' (the operating system; what a deployment always uses)",
     )
     max_epsilon: float | None = Field(None, gt=0, description="stop before a round that would exceed it")
+    canaries: int = Field(
+        0,
+        ge=0,
+        description="simulation only: 2k canary directions, each inserted as a canary client with probability 1/2 "
+        "(sampled, clipped, noised and accounted like every client); the rows then give Andrew et al.'s "
+        "epsilon estimate and Steinke et al.'s one-run lower bound (empirical, not certificates); 0: none",
+    )
+    canary_confidence: float = Field(
+        0.95, gt=0, lt=1, description="canaries: the confidence of the one-run lower bound on epsilon"
+    )
     adaptive_clip: bool = False
     target_quantile: float = Field(0.5, gt=0, lt=1)
     clip_lr: float = Field(0.2, gt=0, description="adaptive clipping: geometric step size eta_C")
@@ -542,4 +552,30 @@ class Scenario(_Section):
             check_schedule_combination(
                 sampler_class(p.sampling), NOISE_SOURCES[p.mechanism or "independent"], agnostic=True
             )
+        self._canaries_allowed()
         return self
+
+    def _canaries_allowed(self) -> None:
+        """Canary clients submit a direction scaled to the clip into the central clipped sum: refused where a
+        client would have to do more (a noise share, a domain loss) or where its participation is scheduled."""
+        p = self.privacy
+        if not p.canaries:
+            return
+        why = None
+        if p.noise_placement != "central":
+            why = "noise_placement='distributed' (a canary would have to add a noise share of its own)"
+        elif self.agnostic.enabled:
+            why = "agnostic FL (a canary has no domain and no loss to report)"
+        elif getattr(sampler_class(p.sampling), "scheduled", False) or getattr(
+            NOISE_SOURCES[p.mechanism or "independent"], "correlated", False
+        ):
+            why = f"sampling={p.sampling!r} / mechanism={p.mechanism or 'independent'!r} (canaries need independent rounds)"
+        elif self.engine.name == "flower":
+            why = "engine.name='flower' (canaries are inserted by fedsim's own engines: 'auto', 'local' or 'ray')"
+        if why:
+            raise PrivacyInputError(
+                "privacy.canaries",
+                p.canaries,
+                f"is not supported with {why}; allowed with central noise, independent rounds under poisson, fixed "
+                "or all sampling, on the local or Ray engine",
+            )

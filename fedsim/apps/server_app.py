@@ -105,6 +105,12 @@ def run_on_grid(
 def main(grid: Grid, context: Context) -> None:
     cfg = dict(context.run_config)
     scenario, data, trainer = load_for_run(cfg)
+    if scenario.privacy.canaries:
+        raise ValueError(
+            f"privacy.canaries={scenario.privacy.canaries}: canary clients exist only in simulation (fedsim run, "
+            "fedsim sweep); a deployed ServerApp does not insert fabricated clients into a real population. "
+            "Set privacy.canaries = 0 in the run config's scenario"
+        )
     if scenario.privacy.randomness != "os-entropy":
         log(
             INFO,

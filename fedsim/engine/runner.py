@@ -235,6 +235,12 @@ def resume_run(
             f"--resume continues runs of engine.name {_in_loop_engines(' or ')}; "
             f"this run used {scenario.engine.name!r}"
         )
+    if scenario.privacy.canaries:
+        raise CheckpointError(
+            f"--resume of a run with privacy.canaries={scenario.privacy.canaries} is refused: its all-rounds canary "
+            "statistic is the largest score over every round, which the checkpoint does not keep; run it again "
+            "from the start (nothing was changed)"
+        )
     if scenario.privacy.randomness != "seeded":
         # the rounds after the checkpoint were released already, with noise that cannot be drawn again: running
         # them again would release a second, independent noising of the same clients that the ledger, which

@@ -385,6 +385,15 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
             drawn = True
         elif rows:
             ax.plot([], [], style, label=label + ": undefined at every round")
+    for key, label, style in (
+        ("andrew_epsilon_all_rounds", "Andrew et al. estimate, all rounds (canaries; an estimate)", "^-"),
+        ("steinke_epsilon_lower_bound", "Steinke et al. lower bound (canaries; measured)", "v-"),
+    ):
+        v = _column(rows, key, "empirical_privacy")
+        good = np.isfinite(v) & (v > 0)
+        if good.any():
+            ax.plot(r[good], v[good], style, ms=4, lw=1, label=label)
+            drawn = True
     if drawn:
         ax.set_yscale("log")
         _log_ticks(ax.yaxis)

@@ -264,6 +264,8 @@ def summary(
                 "generalization",
             )
         },
+        # privacy.canaries: measured from canary clients, beside the certified epsilon (estimates, not certificates)
+        "empirical_privacy": _empirical(last),
         "final_non_private": {
             k: diag.get(k) for k in ("train_loss", "train_accuracy", "gap_loss", "gap_accuracy")
         },
@@ -279,6 +281,17 @@ def summary(
         NON_PRIVATE: non_private,
         "paper_bounds_audit": audit(scenario, strategy, population),
     }
+
+
+def _empirical(last: dict[str, Any]) -> dict[str, Any] | None:
+    """The last row's canary estimates with what they mean beside the certified epsilon and the IGMM bound as
+    printed (:func:`fedsim.privacy.canaries.interpret`); None for a run without canaries."""
+    est = last.get("empirical_privacy")
+    if not est:
+        return None
+    from fedsim.privacy.canaries import interpret
+
+    return {**est, "reading": interpret(last.get("epsilon"), last.get("paper_epsilon_igmm"), est)}
 
 
 def describe_mechanism(strategy: Any) -> str | None:

@@ -142,10 +142,10 @@ def test_gaussian_mechanism_mu_is_exactly_eps_delta():
 
 @pytest.mark.parametrize("mu,s", [(1.0, 1.0), (0.01, 0.02)])
 def test_andrew_estimate_recovers_the_gaussian_mechanism(mu, s):
-    # 200k cosines in each set: the fitted std is within ~0.2% of s, the fitted mean within ~0.003 s, which moves
-    # eps at delta=1e-5 by a few percent (observed over these 5 seeds: at most 2.7% for mu/s = 1 and 4.8% for
-    # mu/s = 0.5). Tolerance: 8% relative. Fitted unequal variances bias the estimate upwards (any variance
-    # mismatch makes the log-likelihood ratio unbounded), so small canary counts overestimate.
+    # 200k cosines in each set: the fitted std is within ~0.2% of s, the fitted mean within ~0.003 s, which
+    # moves eps at delta=1e-5 by a few percent (observed over these 5 seeds: at most 2.7% for mu/s = 1 and
+    # 4.8% for mu/s = 0.5). Tolerance: 8% relative. Fitted unequal variances bias the estimate upwards (any
+    # variance mismatch makes the log-likelihood ratio unbounded), so small canary counts overestimate.
     ref = gaussian_epsilon(1e-5, mu / s)
     n = 200_000
     for seed in range(5):
@@ -159,6 +159,15 @@ def test_andrew_estimate_recovers_the_gaussian_mechanism(mu, s):
         assert est["epsilon"] == gaussians_epsilon(
             est["mu_out"], est["sd_out"], est["mu_in"], est["sd_in"], 1e-5
         )
+
+
+def test_andrew_estimate_fits_mean_and_unbiased_std():
+    est = andrew_estimate([0.1, 0.2, 0.3], [-0.1, 0.1], 1e-5)
+    assert (est["mu_in"], est["mu_out"]) == (pytest.approx(0.2, abs=1e-15), pytest.approx(0.0, abs=1e-15))
+    assert est["sd_in"] == pytest.approx(0.1, rel=1e-12)  # ddof = 1 (ddof = 0 would give 0.0816)
+    assert est["sd_out"] == pytest.approx(math.sqrt(0.02), rel=1e-12)
+    assert (est["n_in"], est["n_out"]) == (3, 2)
+    assert est["epsilon"] == gaussians_epsilon(0.0, est["sd_out"], 0.2, est["sd_in"], 1e-5)
 
 
 def test_andrew_estimate_needs_two_of_each():
@@ -194,7 +203,8 @@ def test_p_value_without_delta_is_the_binomial_tail():
 
 
 def test_p_value_delta_term_matches_the_formula():
-    # the delta term written out directly: alpha = max_i (P[W >= v - i] - beta) / i, p = beta + 2 m delta alpha
+    # the delta term written out directly:
+    # alpha = max_i (P[W >= v - i] - beta) / i, p = beta + 2 m delta alpha
     m, r, v, eps, delta = 1000, 200, 150, 1.0, 1e-4
     q = expit(eps)
     beta = stats.binom.sf(v - 1, r, q)
@@ -239,10 +249,11 @@ def test_lower_bound_is_where_the_p_value_crosses_the_level():
 
 
 def test_gaussian_mechanism_audit_is_a_valid_and_useful_lower_bound():
-    # Steinke et al. Section 7 (idealised setting): an exact Gaussian mechanism of known eps, m = 1000 canaries,
-    # delta = 1e-5, 95% confidence with the Bonferroni split over the 5 default guess counts. Observed with these
-    # seeds at eps_true = 4: min 1.15, mean ~1.4 (0.29 and ~0.35 of eps_true); asserted: every bound <= eps_true,
-    # every bound > 0.25 eps_true, mean > 0.3 eps_true. At eps_true = 1 only validity is asserted.
+    # Steinke et al. (idealised setting of the experiments): an exact Gaussian mechanism of known eps,
+    # m = 1000 canaries, delta = 1e-5, 95% confidence, Bonferroni split over the 5 default guess counts.
+    # Observed with these seeds at eps_true = 4: min 1.15, mean ~1.4 (0.29 and ~0.35 of eps_true); asserted:
+    # every bound <= eps_true, every bound > 0.25 eps_true, mean > 0.3 eps_true. At eps_true = 1 only validity
+    # is asserted.
     delta, m = 1e-5, 1000
     for eps_true, seeds in ((4.0, range(10)), (1.0, range(5))):
         mu = gaussian_mechanism_mu(eps_true, delta)
@@ -269,12 +280,13 @@ def test_audit_guesses_and_bonferroni():
     m = 16
     scores = np.arange(m, dtype=float)  # canary j has score j
     included = np.zeros(m, dtype=bool)
-    included[[15, 13, 12, 0, 3]] = True
+    included[[15, 13, 12, 0, 2, 3]] = True
     out = one_run_audit(scores, included, 1e-5, confidence=0.95, guesses=[5, 4, 5])
     assert [c["guesses"] for c in out["candidates"]] == [4, 5]  # deduplicated, sorted
     by_r = {c["guesses"]: c for c in out["candidates"]}
     # r = 4: "in" for scores 15, 14 (1 correct), "out" for 0, 1 (1 correct): v = 2
     # r = 5: "in" for 15, 14, 13 (2 correct), "out" for 0, 1 (1 correct): v = 3
+    # (the other split, 2 in and 3 out, would give 1 + 1 = 2)
     assert by_r[4]["correct"] == 2 and by_r[5]["correct"] == 3
     assert out["confidence"] == 0.95 and out["m"] == m
 

@@ -1,0 +1,144 @@
+"""Canary clients (privacy.canaries): inserted like any client, and what they measure against the certified epsilon.
+
+Calibration, with fixed seeds (each run: the digits MLP, every client every round, a few rounds, in process):
+no noise gives a large estimate and a lower bound well above 1; a large noise multiplier keeps the lower bound
+below the certified epsilon in every seed; a mechanism that adds a tenth of the noise its ledger records (a noise
+source plugged in through the NoiseSource seam) is caught, its lower bound above the certified epsilon.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from fedsim.engine.runner import run_scenario
+from fedsim.round import NOISE_SOURCES, NoiseSource, register_noise_source
+from fedsim.scenarios import ScenarioError, load_scenario
+
+#: every client every round: each inserted canary takes part in every round
+BASE = [
+    "privacy.sampling=all",
+    "privacy.sampling_rate=none",
+    "engine.name=local",
+    "engine.eval_every=1000",
+    "engine.checkpoint_every=0",
+]
+
+
+def _run(*sets: str, rounds: int = 3, canaries: int = 100, tmp=None):
+    scenario = load_scenario("quickstart", [*BASE, f"rounds={rounds}", f"privacy.canaries={canaries}", *sets])
+    return run_scenario(scenario, tmp, write=tmp is not None)
+
+
+def test_canaries_are_clients_of_the_population_the_accountant_counts(tmp_path):
+    result = _run("privacy.noise_multiplier=1.0", tmp=tmp_path / "run")
+    last = result.rows[-1]
+    emp = last["empirical_privacy"]
+    inserted, held_out = emp["canaries_inserted"], emp["canaries_held_out"]
+    assert inserted + held_out == 200 and 70 < inserted < 130  # 200 fair coins
+    # sampling 'all': every training client and every inserted canary, every round
+    assert all(r["non_private"]["cohort"] == 90 + inserted for r in result.rows)
+    # the ledger's population counts them (the accountant's population is what the sampler drew from)
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert {rel["mechanism"]["population"] for rel in ledger["releases"]} == {90 + inserted}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["empirical_privacy"]["kind"].startswith("empirical estimates")
+    assert summary["empirical_privacy"]["steinke_epsilon_lower_bound"] == emp["steinke_epsilon_lower_bound"]
+    assert isinstance(summary["empirical_privacy"]["reading"], list)
+    # the epsilon plot draws them beside the certified epsilon
+    assert (tmp_path / "run" / "plots" / "epsilon.png").is_file()
+
+
+def test_the_same_seed_gives_the_same_canaries_and_scores():
+    a, b = (_run("privacy.noise_multiplier=1.0", rounds=2) for _ in range(2))
+    assert a.rows[-1]["empirical_privacy"] == b.rows[-1]["empirical_privacy"]
+    np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_without_noise_the_canaries_are_found():
+    result = _run("privacy.noise_multiplier=0")
+    emp = result.rows[-1]["empirical_privacy"]
+    assert result.rows[-1]["epsilon"] == float("inf")
+    assert emp["steinke_epsilon_lower_bound"] > 2.0  # well above 1: every guess right
+    assert emp["steinke_correct"] >= 0.95 * emp["steinke_guesses"]
+    assert emp["andrew_epsilon_all_rounds"] is None or emp["andrew_epsilon_all_rounds"] > 5.0
+
+
+def test_with_much_noise_the_lower_bound_stays_below_the_certified_epsilon():
+    for seed in range(3):
+        row = _run("privacy.noise_multiplier=3.0", f"seed={seed}").rows[-1]
+        lower = row["empirical_privacy"]["steinke_epsilon_lower_bound"]
+        assert lower <= row["epsilon"], (seed, lower, row["epsilon"])
+
+
+@dataclass
+class TenthOfTheNoise(NoiseSource):
+    """A broken mechanism: it adds a tenth of the noise it is asked for, while the strategy's ledger records the
+    nominal noise multiplier (the bug a canary audit exists to catch)."""
+
+    name: ClassVar[str] = "test-tenth-of-the-noise"
+
+    def noise(
+        self, round_: int, purpose: str, size: int | None, std: Any, *, client: int | None = None
+    ) -> Any:
+        return 0.1 * super().noise(round_, purpose, size, std, client=client)
+
+
+@pytest.fixture
+def broken_noise():
+    register_noise_source(TenthOfTheNoise, replace=True)
+    yield TenthOfTheNoise.name
+    NOISE_SOURCES.pop(TenthOfTheNoise.name, None)
+
+
+def test_a_mechanism_with_a_tenth_of_its_noise_is_caught(broken_noise):
+    sets = ("privacy.noise_multiplier=3.0", "rounds=2")
+    honest = _run(*sets, canaries=200).rows[-1]
+    broken = _run(*sets, f"privacy.mechanism={broken_noise}", canaries=200).rows[-1]
+    assert broken["epsilon"] == honest["epsilon"]  # the ledger cannot tell
+    lower = broken["empirical_privacy"]["steinke_epsilon_lower_bound"]
+    assert lower > broken["epsilon"], (lower, broken["epsilon"])
+    assert honest["empirical_privacy"]["steinke_epsilon_lower_bound"] <= honest["epsilon"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("privacy.noise_placement=distributed", "distributed"),
+        ("engine.name=flower", "flower"),
+        ("agnostic.enabled=true", "agnostic"),
+    ],
+)
+def test_canaries_are_refused_where_a_client_would_have_to_do_more(setting, why):
+    with pytest.raises(ScenarioError, match=why):
+        load_scenario("quickstart", ["privacy.canaries=10", setting])
+
+
+def test_a_deployed_server_app_refuses_canaries():
+    from fedsim.apps.server_app import main
+
+    class _Context:
+        run_config: ClassVar[dict] = {"scenario": "quickstart", "num-server-rounds": 1, "min-nodes": 1}
+
+    with pytest.raises(ValueError, match="canary clients exist only in simulation"):
+        _with_canaries(main, _Context())
+
+
+def _with_canaries(main, context):
+    from fedsim.apps import server_app
+
+    original = server_app.load_for_run
+
+    def load(cfg):
+        scenario, data, trainer = original(cfg)
+        scenario = scenario.model_copy(deep=True)
+        scenario.privacy.canaries = 5
+        return scenario, data, trainer
+
+    server_app.load_for_run = load
+    try:
+        return main(None, context)
+    finally:
+        server_app.load_for_run = original
