@@ -157,6 +157,18 @@ def describe_statement(gen: dict[str, Any]) -> str:
     return f"{status}{need}"
 
 
+def print_empirical(console: Any, last: dict[str, Any]) -> None:
+    """A run's canary estimates (``privacy.canaries``) and what they mean, from its last row (nothing without)."""
+    emp = last.get("empirical_privacy")
+    if not emp:
+        return
+    from fedsim.privacy.canaries import interpret
+
+    console.print(describe_empirical(emp), markup=False)
+    for line in interpret(last.get("epsilon"), last.get("paper_epsilon_igmm"), emp):
+        console.print(f"  {line}", markup=False)
+
+
 def describe_empirical(emp: dict[str, Any]) -> str:
     """One line on a run's canary estimates (``privacy.canaries``), labelled as estimates."""
 
@@ -207,13 +219,7 @@ def _print_summary(console: Any, result: Any) -> None:
         f"IGMM Theorem 7 as printed: {'undefined' if igmm is None else f'{igmm:.3f}'} (paper bound, not a "
         "certificate)"
     )
-    emp = last.get("empirical_privacy")
-    if emp:
-        console.print(describe_empirical(emp), markup=False)
-        from fedsim.privacy.canaries import interpret
-
-        for line in interpret(last.get("epsilon"), igmm, emp):
-            console.print(f"  {line}", markup=False)
+    print_empirical(console, last)
     if result.run_dir:
         audit = json.loads((result.run_dir / "summary.json").read_text()).get("paper_bounds_audit", {})
         for method, verdict in audit.get("verdicts", {}).items():
@@ -421,6 +427,7 @@ def print_run_summary(console: Any, run: dict[str, Any]) -> None:
         f"IGMM Theorem 7 as printed {'undefined' if igmm is None else f'{igmm:.3f}'} (not a certificate); "
         f"corrected closed form {'undefined' if corrected is None else f'{corrected:.3f}'}"
     )
+    print_empirical(console, last)
     for method, verdict in (summary.get("paper_bounds_audit") or {}).get("verdicts", {}).items():
         console.print(f"audit {method}: {verdict}")
     if (summary.get("paper_bounds_audit") or {}).get("error"):

@@ -200,7 +200,10 @@ class RoundLoop:
         scenario, strategy = self.scenario, self.strategy = exp.scenario, exp.strategy
         #: privacy.canaries: the canary clients inserted into the population (simulation only), else None
         self.canaries = make_canaries(exp)
-        self.population = int(exp.train_ids.size) + (self.canaries.inserted if self.canaries else 0)
+        #: the clients with data, whom the generalization statement is about (canaries are not drawn from the data)
+        self.data_clients = int(exp.train_ids.size)
+        #: the population the accountant counts: the canaries are sampled from it too
+        self.population = self.data_clients + (self.canaries.inserted if self.canaries else 0)
         self.delta, self.rounds = scenario.privacy.delta, scenario.rounds
         self.bounds = paper_bounds(strategy, self.population, self.rounds, self.delta)
         self.weights = exp.initial_weights
@@ -369,7 +372,7 @@ class RoundLoop:
         ):  # PLD would not fit in memory: a valid, looser RDP epsilon
             row["accountant_used"] = "rdp"
             row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
-        row.update(privacy_columns(row["round"], row["epsilon"], self.bounds, self.delta, self.population))
+        row.update(privacy_columns(row["round"], row["epsilon"], self.bounds, self.delta, self.data_clients))
         if not self.diagnostics:
             row.pop(NON_PRIVATE, None)
         self.rows.append(row)

@@ -43,6 +43,8 @@ def test_canaries_are_clients_of_the_population_the_accountant_counts(tmp_path):
     # the ledger's population counts them (the accountant's population is what the sampler drew from)
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert {rel["mechanism"]["population"] for rel in ledger["releases"]} == {90 + inserted}
+    # the generalization statement is about the clients with data, not about the canaries
+    assert last["generalization"]["population"] == 90
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["empirical_privacy"]["kind"].startswith("empirical estimates")
     assert summary["empirical_privacy"]["steinke_epsilon_lower_bound"] == emp["steinke_epsilon_lower_bound"]
