@@ -8,7 +8,8 @@ scenario on the same machine always runs on the same engine. In order:
 2. **In process when Ray's pool would oversubscribe the machine**: the pool asks for
    ``num_workers x num_cpus_per_worker`` CPUs and the driver, Ray's GCS and raylet need one more. On fewer usable
    CPUs the workers share cores with the driver and Ray's own processes; measured on a 2-core machine, the Ray
-   engine.s 2 x 1-CPU pool then runs the workload of ``benchmarks/engine.py`` slower than one process.
+   engine's 2 x 1-CPU pool then runs the workload of ``benchmarks/default_command.py`` at 0.84x the speed of one
+   process.
 3. **In process when the parallel saving cannot repay Ray**: a round's training is estimated from its size
    (expected cohort x mean examples per client x local epochs x model parameters, at :data:`PARAM_EXAMPLES_PER_S`
    on one core); Ray is picked only when ``rounds x (round x (1 - 1/workers) - per-round overhead)`` exceeds Ray's
@@ -32,8 +33,9 @@ log = logging.getLogger(__name__)
 #: one core's training speed assumed by the estimate, in (parameter x example) per second: a 40-100-10 perceptron on
 #: MNIST-1D (batch 16, per-layer rules) trains 100 clients x 50 examples (25.6 M) in 11 ms on one thread here
 PARAM_EXAMPLES_PER_S = 2.3e9
-#: the Ray engine's cost per round beyond its workers' training (2 workers of 1 CPU, benchmarks/engine.py): the
-#: round's call to each worker, the streamed partial sums, the driver's merge (``benchmarks/engine.py``)
+#: the Ray engine's cost per round beyond its workers' training (2 workers of 1 CPU, the workload of
+#: ``benchmarks/default_command.py``): the round's call to each worker, the streamed partial sums, the driver's
+#: merge (timed around the calls: 15-18 ms rounds against the workers' own 8-10 ms)
 RAY_ROUND_OVERHEAD_S = 0.005
 #: a local Ray instance's start and its workers' (each builds a trainer): 4-5 s measured on this 2-core machine
 RAY_START_S = 4.5

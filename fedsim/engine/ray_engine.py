@@ -443,7 +443,7 @@ def _driver_pythonpath() -> Iterator[None]:
 #: weights up to this size go to the workers inside each call; larger ones are put in the object store once per
 #: round and every worker reads that one copy. Ray inlines arguments up to 100 KiB in the task itself
 #: (``max_direct_call_object_size``); an explicit ``ray.put`` of a small vector cost more than the call it saves
-#: (about 5 ms of a 15 ms round of the perceptron workload on 2 workers, measured with ``benchmarks/engine.py``)
+#: (about 5 ms of a 15 ms round of the perceptron workload on 2 workers, timed around the calls)
 INLINE_WEIGHTS_BYTES = 100 * 1024
 
 
