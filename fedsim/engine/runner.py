@@ -63,7 +63,7 @@ def run_scenario(
 ) -> RunResult:
     """Run ``scenario``; write its run directory (unless ``write=False``); call ``on_row`` after each round.
 
-    ``timings``: what the caller measured before (``fedsim run``'s ``imports_s``), reported with the run's own.
+    ``timings``: what the caller measured before (``fedsim run``'s ``startup_s``), reported with the run's own.
 
     ``engine``: an engine object to reuse (not closed here); by default the engine the scenario's ``engine.name``
     names in :mod:`fedsim.registry` (``ray``, ``local``, ``flower``: Flower's own Simulation Engine, or one
