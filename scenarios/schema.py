@@ -39,6 +39,7 @@ from fedsim.round import (
     sampler_class,
     sampling_names,
 )
+from fedsim.round.sampling import ADD_REMOVE
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
 from fedsim.validation import PrivacyInputError, baseline_combinations, noise_and_clip
@@ -570,12 +571,17 @@ class Scenario(_Section):
             NOISE_SOURCES[p.mechanism or "independent"], "correlated", False
         ):
             why = f"sampling={p.sampling!r} / mechanism={p.mechanism or 'independent'!r} (canaries need independent rounds)"
+        elif sampler_class(p.sampling).neighbouring != ADD_REMOVE:
+            why = (
+                f"sampling={p.sampling!r}, accounted under {sampler_class(p.sampling).neighbouring!r} neighbours "
+                "(a one-run audit inserts or leaves out each canary: add-remove neighbours)"
+            )
         elif self.engine.name == "flower":
             why = "engine.name='flower' (canaries are inserted by fedsim's own engines: 'auto', 'local' or 'ray')"
         if why:
             raise PrivacyInputError(
                 "privacy.canaries",
                 p.canaries,
-                f"is not supported with {why}; allowed with central noise, independent rounds under poisson, fixed "
-                "or all sampling, on the local or Ray engine",
+                f"is not supported with {why}; allowed with central noise, independent rounds under poisson or all "
+                "sampling, on the local or Ray engine",
             )

@@ -111,6 +111,7 @@ def test_a_mechanism_with_a_tenth_of_its_noise_is_caught(broken_noise):
         ("privacy.noise_placement=distributed", "distributed"),
         ("engine.name=flower", "flower"),
         ("agnostic.enabled=true", "agnostic"),
+        ("privacy.sampling=fixed", "replace-one"),
     ],
 )
 def test_canaries_are_refused_where_a_client_would_have_to_do_more(setting, why):
