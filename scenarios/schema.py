@@ -563,7 +563,9 @@ class Scenario(_Section):
         if not p.canaries:
             return
         why = None
-        if p.noise_placement != "central":
+        if not p.clip > 0:
+            why = "clip=0 (no clipping: a canary's update is its direction scaled to the clip)"
+        elif p.noise_placement != "central":
             why = "noise_placement='distributed' (a canary would have to add a noise share of its own)"
         elif self.agnostic.enabled:
             why = "agnostic FL (a canary has no domain and no loss to report)"

@@ -112,11 +112,12 @@ def test_a_mechanism_with_a_tenth_of_its_noise_is_caught(broken_noise):
         ("engine.name=flower", "flower"),
         ("agnostic.enabled=true", "agnostic"),
         ("privacy.sampling=fixed", "replace-one"),
+        ("privacy.clip=0 privacy.noise_multiplier=0", "canary.s update is its direction scaled"),
     ],
 )
 def test_canaries_are_refused_where_a_client_would_have_to_do_more(setting, why):
     with pytest.raises(ScenarioError, match=why):
-        load_scenario("quickstart", ["privacy.canaries=10", setting])
+        load_scenario("quickstart", ["privacy.canaries=10", *setting.split()])
 
 
 def test_a_deployed_server_app_refuses_canaries():
