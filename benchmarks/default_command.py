@@ -66,11 +66,10 @@ WORKLOAD = [
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1"
-    )
-    return env
+    """This environment with fedsim's offline defaults where it does not set them (what ``fedsim`` itself sets)."""
+    from fedsim.env import OFFLINE_DEFAULTS
+
+    return {**OFFLINE_DEFAULTS, **os.environ}
 
 
 def _timed(cmd: list[str], tmp: Path) -> tuple[float, subprocess.CompletedProcess]:

@@ -269,11 +269,12 @@ class RoundLoop:
         before = self.weights
         row = self.release(plan, partial, client_metrics, t_round)
         self.accounting.submit(row)
+        evaluated = t % self.scenario.engine.eval_every == 0 or t == self.rounds
         if self.canaries is not None:
             self.canaries.observe(before, self.weights, self.exp.initial_weights)
-            if t % self.scenario.engine.eval_every == 0 or t == self.rounds:
+            if evaluated:
                 row["empirical_privacy"] = self.canaries.estimates()
-        if t % self.scenario.engine.eval_every == 0 or t == self.rounds:
+        if evaluated:
             self.evaluate(t, row)
         row[NON_PRIVATE]["round_time_s"] = time.perf_counter() - t_round
         self.checkpoint(t)

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.privacy.mechanism import Mechanism
+from fedsim.round import sampler_class
+
 log = logging.getLogger(__name__)
 
 #: one core's training speed assumed by the estimate, in (parameter x example) per second: a 40-100-10 perceptron on
@@ -60,15 +63,18 @@ def usable_cpus() -> int:
 
 
 def expected_cohort(scenario: Any, population: int) -> float:
-    """Clients a round trains, expected: from ``privacy``'s sampling scheme, rate or cohort size (an estimate for
-    the engine's pick, not the accountant's number)."""
+    """Clients a round trains, expected: the sampling scheme's own ``expected_cohort`` (the public denominator the
+    strategy uses) for ``privacy``'s settings over ``population`` clients."""
     p = scenario.privacy
-    if p.clients_per_round is not None:
-        return float(min(p.clients_per_round, population))
-    rate = 1.0 if p.sampling_rate is None else float(p.sampling_rate)
-    if p.sampling == "cyclic" and p.min_separation:
-        return population / int(p.min_separation) * rate
-    return population * rate if p.sampling != "all" else float(population)
+    model = Mechanism(
+        population=population,
+        sampling=p.sampling,
+        sampling_rate=p.sampling_rate,
+        clients_per_round=p.clients_per_round,
+        min_separation=p.min_separation,
+        max_participations=p.max_participations,
+    )
+    return float(sampler_class(p.sampling).expected_cohort(model))
 
 
 def estimated_round_s(scenario: Any, data: Any, num_params: int) -> float:
