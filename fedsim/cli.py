@@ -270,6 +270,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(
                 f"{r.replaced} holds a run of other settings (kept as it is): this run goes to {r.out}"
             )
+        if r.uncomposed is not None:  # the replaced run trained the same clients: its releases stand apart
+            console.print(
+                f"[bold yellow]warning[/bold yellow]: {r.uncomposed}; the epsilon of {r.out} covers its own rounds "
+                "only (sweep.csv: uncomposed_releases)"
+            )
     done = 0
 
     def on_result(r: Any) -> None:

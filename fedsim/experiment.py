@@ -89,10 +89,20 @@ def build_data(scenario: Scenario) -> Any:
         raise ValueError(msg) from None
 
 
+def public_population(scenario: Scenario, data: Any) -> int:
+    """The run's public population, fixed before its first round (:class:`DPFedAvg`'s ``population``): the training
+    clients the scenario's data settings define, plus the canaries expected to be inserted (``privacy.canaries = k``:
+    2k directions, each inserted with probability 1/2). The denominator and the sampling probability come from it,
+    so that one client added or removed, or the canaries' coins, change nothing released but through the noised
+    sum; the accountant still counts the clients actually sampled from."""
+    return int(np.asarray(data.train_clients).size) + int(scenario.privacy.canaries or 0)
+
+
 def build_strategy(scenario: Scenario, population: int | None, data: Any = None) -> DPFedAvg:
     """The scenario's strategy: :class:`DPFedAvg`, or :class:`DPAgnosticFedAvg` when ``agnostic.enabled``.
 
-    ``population``: a check on the number of clients sampled from (None: whatever is available each round).
+    ``population``: the public population (:func:`public_population`; None: each round's realised population,
+    which is then public: zero-out neighbours).
     The seed drives sampling and noise only with ``privacy.randomness = "seeded"``.
     """
     p, s, a = scenario.privacy, scenario.server, scenario.agnostic
@@ -108,6 +118,8 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
         extra = dict(
             client_domains=data.domain,
             num_domains=data.num_domains,
+            # public constants from the scenario's data settings, never recounted from the clients present
+            domain_sizes=[int(np.asarray(data.domain_clients(d)).size) for d in range(data.num_domains)],
             lambda_lr=a.lambda_lr,
             loss_noise_multiplier=a.loss_noise_multiplier,
             loss_bound=math.log(data.num_classes),
@@ -167,11 +179,11 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     data = build_data(scenario) if data is None else data
     settings = TrainSettings.from_scenario(scenario)
     check_fits(settings, data)
-    strategy = build_strategy(scenario, None, data)
+    population = public_population(scenario, data)
+    strategy = build_strategy(scenario, population, data)
     if scenario.privacy.target_epsilon is not None:
-        population = int(np.asarray(data.train_clients).size)
         scenario.privacy.noise_multiplier = calibrated_noise_multiplier(strategy, population, scenario)
-        strategy = build_strategy(scenario, None, data)
+        strategy = build_strategy(scenario, population, data)
     return Experiment(
         scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)
     )

@@ -202,8 +202,12 @@ class RoundLoop:
         self.canaries = make_canaries(exp)
         #: the clients with data, whom the generalization statement is about (canaries are not drawn from the data)
         self.data_clients = int(exp.train_ids.size)
-        #: the population the accountant counts: the canaries are sampled from it too
-        self.population = self.data_clients + (self.canaries.inserted if self.canaries else 0)
+        #: the public population (fixed before round 1: fedsim.experiment.public_population, which counts the
+        #: canaries expected to be inserted): what the paper bounds and the audit are computed over, never the
+        #: realised count (with canaries, how many were inserted is the audit's secret)
+        self.population = int(
+            strategy.population or self.data_clients + (self.canaries.inserted if self.canaries else 0)
+        )
         self.delta, self.rounds = scenario.privacy.delta, scenario.rounds
         self.bounds = paper_bounds(strategy, self.population, self.rounds, self.delta)
         self.weights = exp.initial_weights

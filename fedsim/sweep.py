@@ -84,6 +84,9 @@ RESULT_COLUMNS = (
     "non_private_wall_s",  # timings grow with the realised cohort
     "status",
     "run_dir",
+    # a run that replaced a directory of other settings (new_run_dirs) on the same clients: that directory's
+    # released rounds, which this run's epsilon does not compose with (SweepRun.uncomposed)
+    "uncomposed_releases",
 )
 
 
@@ -101,6 +104,9 @@ class SweepRun:
     state: str | None = None
     #: the run directory ``out`` replaced because its config differs (``new_run_dirs``), else None
     replaced: Path | None = None
+    #: what :attr:`replaced` released about the same clients (same data settings and seed) that this run's epsilon
+    #: does not compose with: ``"<dir>: N rounds"``; None when it released nothing or trained other clients
+    uncomposed: str | None = None
     #: what its config says about the population it protects: ``sampling``, ``population``, ``cohort`` (expected
     #: clients a round), ``noise_multiplier``, ``clip`` (:func:`add_statistics`)
     facts: dict[str, Any] = field(default_factory=dict)
@@ -342,6 +348,41 @@ def _blocking_ancestor(path: Path) -> Path | None:
     return None
 
 
+#: the keys that decide which clients a run trains and on what data: a replaced run with the same ones released
+#: rounds about the same clients
+SAME_CLIENTS_KEYS = ("seed", "data.")
+
+
+def uncomposed_releases(old_dir: Path, planned: dict[str, Any]) -> str | None:
+    """``"<old_dir>: N rounds released ..."`` when ``old_dir`` (a run of other settings that a ``new_run_dirs`` run
+    replaces) released ``N >= 1`` rounds about the same clients as the planned run (the same seed and data
+    settings, :data:`SAME_CLIENTS_KEYS`): those releases are not composed with the new run's epsilon, which
+    accounts its own rounds only. None when it released nothing or its clients differ."""
+    try:  # one row per released round, flushed as each round ends (a killed run's too)
+        existing = tomllib.loads((old_dir / "config.toml").read_text(encoding="utf-8"))
+        metrics = (old_dir / "metrics.jsonl").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    rounds = sum(1 for line in metrics.splitlines() if line.strip())
+    if rounds < 1:
+        return None
+    run, plan = flatten_tables(existing), flatten_tables(planned)
+
+    def clients(d: dict[str, Any]) -> dict[str, str]:
+        return {
+            k: json.dumps(v, sort_keys=True, default=str)
+            for k, v in d.items()
+            if k.startswith(SAME_CLIENTS_KEYS)
+        }
+
+    if clients(run) != clients(plan):
+        return None
+    return (
+        f"{old_dir}: {rounds} round{'s' if rounds != 1 else ''} released on the same clients (same seed and data), "
+        "not composed with this run's epsilon"
+    )
+
+
 def prepare_runs(scenario: str, runs: list[SweepRun], *, new_run_dirs: bool = False) -> list[SweepRun]:
     """Decide, before anything runs, where each run goes and what becomes of what is already there.
 
@@ -378,6 +419,7 @@ def prepare_runs(scenario: str, runs: list[SweepRun], *, new_run_dirs: bool = Fa
                 fresh = r.out.with_name(f"{r.out.name}.{max([1, *taken]) + 1}")
                 found = (fresh, "new", "")
                 r.replaced = r.out
+                r.uncomposed = uncomposed_releases(r.out, planned)
         r.out, r.state, why = found
         if r.state == "entropy":
             problems.append(why)
@@ -705,7 +747,15 @@ def _setting_keys(runs: list[SweepRun]) -> list[str]:
 
 def table_rows(runs: list[SweepRun]) -> tuple[list[str], list[dict[str, Any]]]:
     keys = _setting_keys(runs)
-    rows = [{**{k: r.setting.get(k) for k in keys}, "seed": r.seed, **r.result} for r in runs]
+    rows = [
+        {
+            **{k: r.setting.get(k) for k in keys},
+            "seed": r.seed,
+            **r.result,
+            "uncomposed_releases": r.uncomposed,
+        }
+        for r in runs
+    ]
     return [*keys, *RESULT_COLUMNS], rows
 
 
@@ -724,6 +774,7 @@ SHORT_HEADERS = {
     "non_private_train_accuracy": "train acc\n(non-private)",
     "non_private_gap_accuracy": "gap\n(non-private)",
     "non_private_wall_s": "wall s\n(non-private)",
+    "uncomposed_releases": "earlier releases\nnot composed",
 }
 
 

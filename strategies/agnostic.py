@@ -19,9 +19,11 @@ Two releases per round, both on the round's sampled cohort and both recorded in 
 ``lambda`` is a function of past noised releases only (post-processing), so the per-client weights of a round
 are fixed before any client of that round is seen.
 
-**Domain sizes are public.** The number of clients in each domain (``N_d``, hence ``m_d`` and the weights) is
-treated as public knowledge, like the population size and the schedule: it is not noised and epsilon does not
-cover it. Which domain a given client belongs to is used only to weight that client's own contribution.
+**Domain sizes are public constants.** The number of clients in each domain (``N_d``, hence ``m_d`` and the
+weights) is fixed before the run (``domain_sizes``; fedsim's engines pass the scenario's training clients per
+domain), like the public population and the schedule, and never recounted from the clients present: one client
+added or removed changes nothing released but through the noised sums. Without ``domain_sizes`` the first
+round's clients are counted, and those counts are then public (zero-out neighbours). Which domain a given client belongs to is used only to weight that client's own contribution.
 
 A reply whose loss is not a finite number is rejected whole (its update is not aggregated either): clamping
 alone would let a NaN through and make ``lambda`` NaN for the rest of the run.
@@ -71,6 +73,8 @@ class DPAgnosticFedAvg(DPFedAvg):
     loss_bound : per-example losses are clipped to ``[0, loss_bound]`` and divided by it (default ``log(10)``,
         the loss of a uniform prediction over 10 classes).
     initial_lambda : start of ``lambda`` (default: proportional to the domains' sizes, i.e. FedAvg's mixture).
+    domain_sizes : the public number of clients in each domain, fixed before the run (``None``: counted over the
+        first round's clients, which makes those counts public).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class DPAgnosticFedAvg(DPFedAvg):
         loss_noise_multiplier: float = 1.0,
         loss_bound: float = math.log(10),
         initial_lambda: Iterable[float] | None = None,
+        domain_sizes: Iterable[int] | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("noise_placement", "central") != "central":
@@ -117,6 +122,23 @@ class DPAgnosticFedAvg(DPFedAvg):
                 )
             self.lam = lam
         self._domain_sizes: np.ndarray | None = None
+        if domain_sizes is not None:
+            sizes = np.asarray(list(domain_sizes), dtype=np.float64)
+            if sizes.shape != (self.num_domains,) or not np.all(np.isfinite(sizes)) or np.any(sizes < 0):
+                raise PrivacyInputError(
+                    "domain_sizes",
+                    list(domain_sizes),
+                    f"must be {self.num_domains} non-negative client counts",
+                )
+            self._set_domain_sizes(sizes)
+
+    def _set_domain_sizes(self, sizes: np.ndarray) -> None:
+        if np.any(sizes == 0):
+            empty = np.nonzero(sizes == 0)[0].tolist()
+            raise ValueError(f"domains {empty} have no training client; every domain needs at least one")
+        self._domain_sizes = sizes
+        if self.lam is None:
+            self.lam = sizes / sizes.sum()
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`DPFedAvg.state_dict` and the mixture weights lambda."""
@@ -147,14 +169,9 @@ class DPAgnosticFedAvg(DPFedAvg):
 
     def begin_round(self, server_round: int, client_ids: Iterable[int]) -> RoundPlan:
         ids = id_array(client_ids)
-        if self._domain_sizes is None:
+        if self._domain_sizes is None:  # no public sizes given: the first round's counts, public from then on
             doms = np.array([self.domain(c) for c in ids], dtype=np.int64)
-            self._domain_sizes = np.bincount(doms, minlength=self.num_domains).astype(np.float64)
-            if np.any(self._domain_sizes == 0):
-                empty = np.nonzero(self._domain_sizes == 0)[0].tolist()
-                raise ValueError(f"domains {empty} have no training client; every domain needs at least one")
-            if self.lam is None:
-                self.lam = self._domain_sizes / self._domain_sizes.sum()
+            self._set_domain_sizes(np.bincount(doms, minlength=self.num_domains).astype(np.float64))
         plan = super().begin_round(server_round, ids)
         per_client = self.lam / self._expected_per_domain(plan.mechanism)
         plan.client_weights = {int(c): float(per_client[self.domain(c)]) for c in plan.cohort}

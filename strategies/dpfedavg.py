@@ -32,9 +32,11 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.flower import protocol
 from fedsim.privacy import Ledger, Mechanism, ScheduleAccounting
 from fedsim.privacy.accountants import CERTIFIED
+from fedsim.privacy.mechanism import ZERO_OUT
 from fedsim.privacy.schedule import schedule_bounds
 from fedsim.report.rundir import NON_PRIVATE
 from fedsim.round import (
+    ADD_REMOVE,
     CLIP_COUNT,
     NOISE_PLACEMENTS,
     STREAM_EVALUATION,
@@ -149,10 +151,15 @@ class DPFedAvg(Strategy):
     seed : seeds the sampling and noise generators (simulation). ``None`` (the default): every random
         quantity that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn
         from the operating system's entropy; deployments must use that.
-    population : the number of clients sampled from, as a check. The mechanism is always accounted over the
-        clients actually sampled from in each round (the connected nodes under Flower, the training clients in
-        fedsim's engines); a different ``population`` is refused, because each available client is then
-        sampled with a different probability than the one accounted.
+    population : the public population size, fixed before the run (for example the number of clients the deployment
+        is for). Everything released that would depend on the number of clients comes from it, never from the
+        realised one, which one client changes under add/remove neighbours: the denominator (the expected cohort
+        ``q * population``, or ``population`` for ``"all"``) and, when ``clients_per_round`` is given, the sampling
+        probability ``q = clients_per_round / population`` (McMahan et al.'s fixed-denominator estimator). The
+        accounting stays over the clients actually sampled from in each round (the connected nodes under Flower,
+        the training clients in fedsim's engines), whatever their number. ``None``: each round's realised number of
+        clients is used and is therefore public: the guarantee is then for zero-out neighbours (a client replaced by
+        one contributing nothing; the same epsilon), which ``relation`` and the summary say.
     fraction_evaluate : fraction of nodes asked for federated evaluation. Client evaluation metrics are
         *not* privatised nor accounted: needs ``diagnostics=True``.
     diagnostics : also return the round's non-private diagnostics (:data:`NON_PRIVATE`: exact cohort and reply
@@ -256,8 +263,11 @@ class DPFedAvg(Strategy):
         self.diagnostics = bool(diagnostics)
         self.distributed_without_secagg = bool(distributed_without_secagg)
         self.ledger = ledger if ledger is not None else Ledger()
-        # a continued ledger: this run's round t is recorded as round (offset + t)
+        # a continued ledger: this run's round t is recorded as round (offset + t), and draws from the streams of that
+        # round: a seeded continuation never repeats the cohort or the noise of a round its ledger already counts
         self._round_offset = self.ledger.last_round
+        if self._round_offset:
+            self.sampler.stream_offset = self.noise.stream_offset = int(self._round_offset)
         self.history: list[dict[str, Any]] = []
         self.stopped_reason: str | None = None
         self._pending: tuple[RoundPlan, ArrayRecord] | None = None
@@ -279,6 +289,7 @@ class DPFedAvg(Strategy):
             self.noise_placement,
             self.min_separation,
             self.max_participations,
+            self.population,
         )
         key = (int(population), float(self.clip if clip is None else clip), *settings)
         if key not in self._mechanisms:  # one entry: the clip moves with adaptive clipping
@@ -296,7 +307,15 @@ class DPFedAvg(Strategy):
             noise_placement=self.noise_placement,
             min_separation=self.min_separation,
             max_participations=self.max_participations,
+            public_population=self.population,
         )
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation the certified epsilon is stated for (:attr:`fedsim.privacy.Mechanism.relation`):
+        the sampling scheme's, or ``"zero-out"`` when no public population was fixed before the run."""
+        scheme = self.sampler.neighbouring
+        return ZERO_OUT if scheme == ADD_REMOVE and self.population is None else scheme
 
     def _count_mechanism(self, model: Mechanism) -> Mechanism:
         assert self.adaptive_clipping is not None
@@ -380,14 +399,9 @@ class DPFedAvg(Strategy):
         ids = id_array(client_ids)
         if ids.size == 0:
             raise ValueError("no clients are available to sample from")
+        # the realised number of clients sampled from: the accounting is over it; nothing released depends on it when
+        # a public population was fixed (self.population: the denominator and q come from that)
         population = int(ids.size)
-        if self.population is not None and int(self.population) != population:
-            raise ValueError(
-                f"population={self.population} but round {server_round} samples from {population} available "
-                f"clients: each of them is sampled with the probability computed over {population}, so the "
-                f"mechanism must be accounted over {population}, not {self.population}. Leave population unset "
-                "(it is then the number of clients sampled from), or make exactly that many clients available"
-            )
         model = self.mechanism(population)
         releases = self.round_releases(model)
         accounted = [m for _, m in self.accounted_releases(server_round, releases)]
@@ -434,7 +448,10 @@ class DPFedAvg(Strategy):
             # false for the non-private baseline (noise_multiplier = 0 or clip = 0): epsilon is infinite
             "private": all(m.private for _, m in plan.releases),
             "clip": plan.mechanism.clip,  # 0: no clipping
-            "noise_std_sum": plan.mechanism.noise_std,
+            # the std of the noise actually added to this round's sum: under correlated noise a combination of
+            # fresh draws of std noise_multiplier * clip (noise_std_draw), up to 2x that for the tree
+            "noise_std_sum": self.noise.added_std(plan.round, plan.mechanism.noise_std),
+            "noise_std_draw": plan.mechanism.noise_std,
             "update_norm": float(np.linalg.norm(mean)),  # of the released (noised) mean update
         }
         # Not covered by epsilon: exact counts, un-noised norm statistics (see NON_PRIVATE).

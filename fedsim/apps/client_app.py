@@ -49,7 +49,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim.experiment import build_strategy
+from fedsim.experiment import build_strategy, public_population
 from fedsim.flower.grid import KEY_CLIENT_ID, KEY_PARTITION_ID
 from fedsim.flower.protocol import (
     CFG_CLIP,
@@ -108,8 +108,9 @@ class NoisePolicy:
         distributed = NODE_NOISE_MULTIPLIER in node or p.noise_placement == "distributed"
         if not distributed:
             return cls(False, allow_evaluate=True, source="run config")
-        strategy = build_strategy(scenario, population=None, data=data)
-        model = strategy.mechanism(int(np.asarray(data.train_clients).size))
+        population = public_population(scenario, data)  # the server's: the same denominator and shares
+        strategy = build_strategy(scenario, population=population, data=data)
+        model = strategy.mechanism(population)
         count_z = strategy._count_noise_multiplier(model) if p.adaptive_clip else 0.0
         return cls(
             distributed=True,

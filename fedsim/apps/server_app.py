@@ -18,8 +18,9 @@ Privacy in deployment:
   training-client metrics), with a warning: epsilon does not cover them.
 
 Run-config keys: ``scenario``, ``overrides``, ``min-nodes`` (wait until that many SuperNodes are connected;
-default 1), ``population`` (a check: the number of clients sampled from; 0 = the connected nodes, which is what
-is accounted), ``server-eval``, ``diagnostics``, ``ledger-path`` (also write the ledger there), ``run-dir``
+default 1), ``population`` (the public population, fixed before the run: the aggregate's denominator and the
+sampling probability come from it, never from how many nodes are connected; 0 = the scenario's training clients;
+the accounting is over the connected nodes actually sampled from), ``server-eval``, ``diagnostics``, ``ledger-path`` (also write the ledger there), ``run-dir``
 (the run directory; default ``runs/<time>-<scenario>``). Nodes are addressed by the training client they hold
 (:class:`~fedsim.flower.grid.ClientIdGrid`).
 """
@@ -124,7 +125,9 @@ def main(grid: Grid, context: Context) -> None:
     strategy = exp.strategy
     if strategy.seed is not None:  # never: build_strategy seeds only privacy.randomness = "seeded"
         raise RuntimeError("a deployed strategy must draw from the operating system's entropy")
-    strategy.population = int(cfg.get("population", 0)) or None
+    # the public population (the denominator and q come from it, never from the connected nodes' number): the run
+    # config's, else the scenario's training clients; the accounting is over the nodes actually sampled from
+    strategy.population = int(cfg.get("population", 0)) or strategy.population
     diagnostics = _flag(cfg, "diagnostics", False)
     strategy.diagnostics = diagnostics
     if diagnostics:

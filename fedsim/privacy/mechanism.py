@@ -4,7 +4,11 @@ Conventions (see ``shared/reference/privacy-formulas.md``):
 
 * Each sampled client's update is clipped to L2 norm ``clip``; the server adds Gaussian noise of
   std ``noise_multiplier * clip`` to the **sum** of clipped updates (``noise_std``) and divides by
-  the expected cohort size (``expected_cohort``), never by the realised count.
+  the expected cohort size (``expected_cohort``), never by the realised count. The expected cohort (and the
+  sampling probability, when a cohort size is given) comes from the **public population**
+  (``public_population``): a number fixed before the run, never the realised population, which one client
+  changes under add/remove neighbours (McMahan et al.'s fixed-denominator estimator). ``population`` is the
+  realised number of clients sampled from: the accounting is over it (it matters for fixed-size sampling only).
 * The neighbouring relation follows the sampling scheme: Poisson sampling and "everyone" are
   accounted under add/remove-one-client (L2 sensitivity of the sum = ``clip``); fixed-size sampling
   without replacement under replace-one-client (L2 sensitivity of the sum = the diameter of one
@@ -28,13 +32,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fedsim.round.noise import NOISE_PLACEMENTS
-from fedsim.round.sampling import REPLACE_ONE, Sampler, sampler_class
+from fedsim.round.sampling import ADD_REMOVE, REPLACE_ONE, Sampler, sampler_class
 from fedsim.validation import PrivacyInputError, is_int, noise_and_clip, one_of, positive_finite
 
-__all__ = ["NOISE_PLACEMENTS", "Mechanism", "compose_same_cohort"]
+__all__ = ["NOISE_PLACEMENTS", "ZERO_OUT", "Mechanism", "compose_same_cohort"]
 
-#: a participation schedule's fields: saved only when set
-SCHEDULE_FIELDS = ("min_separation", "max_participations")
+#: the relation of a guarantee whose population size is public (:attr:`Mechanism.relation`)
+ZERO_OUT = "zero-out"
+
+#: fields saved only when set (a participation schedule's; the public population), so a ledger of other rounds is
+#: saved exactly as before they existed
+OPTIONAL_FIELDS = ("min_separation", "max_participations", "public_population")
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,10 @@ class Mechanism:
     cyclic schedule, the least gap between one client's rounds otherwise) and, for ``min-separation``,
     ``max_participations`` (``k``); ``sampling_rate`` is then the probability that a client who may take part
     does. Such a round is accounted over its schedule (:class:`fedsim.privacy.ScheduledGaussian`), not alone.
+
+    ``public_population``: the population size fixed before the run, from which the public constants come (the
+    denominator, and ``q = clients_per_round / public_population``); ``None``: ``population`` is itself public
+    (zero-out neighbours, :attr:`relation`).
     """
 
     population: int
@@ -62,11 +74,20 @@ class Mechanism:
     diameter: float | None = None
     min_separation: int | None = None
     max_participations: int | None = None
+    public_population: int | None = None
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
         if not is_int(self.population) or self.population < 1:
             raise PrivacyInputError("population", self.population, "must be an integer >= 1")
+        if self.public_population is not None:
+            if not is_int(self.public_population) or self.public_population < 1:
+                raise PrivacyInputError(
+                    "public_population",
+                    self.public_population,
+                    "must be an integer >= 1 (the population size fixed before the run) or None",
+                )
+            object.__setattr__(self, "public_population", int(self.public_population))
         scheme = sampler_class(self.sampling)
         one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
         clip, z = noise_and_clip(self.clip, self.noise_multiplier)
@@ -79,7 +100,11 @@ class Mechanism:
                     "diameter", self.diameter, f"must be in (0, 2*clip] = (0, {2 * self.clip:g}]"
                 )
             object.__setattr__(self, "diameter", d)
-        rate, cpr = scheme.check_cohort(self.sampling_rate, self.clients_per_round, self.population)
+        rate, cpr = scheme.check_cohort(
+            self.sampling_rate,
+            self.clients_per_round,
+            self.population if self.public_population is None else self.public_population,
+        )
         object.__setattr__(self, "sampling_rate", rate)
         object.__setattr__(self, "clients_per_round", cpr)
         sep, k = scheme.check_schedule(self.min_separation, self.max_participations)
@@ -118,6 +143,16 @@ class Mechanism:
     def neighbouring(self) -> str:
         """``"add-remove"`` (poisson, all) or ``"replace-one"`` (fixed): the scheme's relation."""
         return self.scheme.neighbouring
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation the guarantee is stated for: :attr:`neighbouring`, except that an add/remove
+        mechanism without a public population (:attr:`public_population` None) computes its public constants from
+        the realised population, which is then public: ``"zero-out"`` (a client's data replaced by one that
+        contributes nothing), accounted with the same numbers as add/remove."""
+        if self.neighbouring == ADD_REMOVE and self.public_population is None:
+            return ZERO_OUT
+        return self.neighbouring
 
     @property
     def replace_sensitivity(self) -> float:
@@ -218,10 +253,10 @@ class Mechanism:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """Its fields; a participation schedule's (``min_separation``, ``max_participations``) only when set, so a
-        ledger of other rounds is saved exactly as before schedules existed."""
+        """Its fields; a participation schedule's (``min_separation``, ``max_participations``) and the public
+        population only when set, so a ledger of other rounds is saved exactly as before they existed."""
         d = dataclasses.asdict(self)
-        for key in SCHEDULE_FIELDS:
+        for key in OPTIONAL_FIELDS:
             if d[key] is None:
                 del d[key]
         return d

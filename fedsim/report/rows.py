@@ -272,6 +272,10 @@ def summary(
         "delta": scenario.privacy.delta,
         "accountant": scenario.privacy.accountant,
         "randomness": strategy.randomness,
+        # the relation epsilon is stated for, and the public population the denominator and q came from (fixed
+        # before round 1; "zero-out" when none was: the realised population was then used, and is public)
+        "neighbouring": getattr(strategy, "relation", None),
+        "public_population": getattr(strategy, "population", None),
         "noise_mechanism": describe_mechanism(strategy),
         "privacy_scope": PRIVACY_SCOPE,
         "certified": "epsilon is certified by dp-accounting. paper_epsilon_igmm is UAI Theorem 7 as printed, for "

@@ -47,6 +47,7 @@ from .randomness import (
     randomness_kind,
 )
 from .sampling import (
+    ADD_REMOVE,
     SAMPLERS,
     Sampler,
     ScheduledSampler,
@@ -60,6 +61,7 @@ from .sampling import (
 )
 
 __all__ = [
+    "ADD_REMOVE",
     "CLIP_COUNT",
     "FAILURES",
     "NOISE_PLACEMENTS",

@@ -93,6 +93,30 @@ class CorrelatedNoise(NoiseSource):
             self._stream = self._new_stream(int(size))
         return self._step(int(round_), int(size), std)
 
+    def added_std(self, round_: int, std: float) -> float:
+        """The std of round ``round_``'s added noise: ``std`` times the norm of the row of ``C^{-1}`` (or of the
+        tree's combination of node draws) that forms it, from a probe stream of the same mechanism that is fed
+        unit draws instead of Gaussian ones (:meth:`_next_factor`). Not part of the state: a resumed run rebuilds
+        it."""
+        return float(std) * self._added_factor(int(round_))
+
+    def _added_factor(self, round_: int) -> float:
+        factors = self.__dict__.setdefault("_factors", [])
+        while len(factors) < round_:
+            factors.append(self._next_factor(len(factors) + 1))
+        return factors[round_ - 1]
+
+    def _next_factor(self, round_: int) -> float:
+        """The norm of the combination of fresh draws that round ``round_``'s noise is, asked in order. A
+        time-invariant stream (banded Toeplitz, BLT): ``sqrt(sum_{j < t} g_j^2)`` with ``g`` the stream's response
+        to one unit draw in round 1, from a one-number probe stream."""
+        probe = self.__dict__.get("_probe")
+        if probe is None:
+            probe = self.__dict__["_probe"] = [self._new_stream(1), 0.0]
+        g = float(probe[0].step(np.array([1.0 if round_ == 1 else 0.0]))[0])
+        probe[1] += g * g
+        return math.sqrt(probe[1])
+
     def _step(self, round_: int, size: int, std: float) -> np.ndarray:
         """Round ``round_``'s noise from its fresh draw ``z_t`` (``N(0, std^2)``, the independent noise's stream)."""
         return self._stream.step(self.rng(round_, STREAM_NOISE).normal(0.0, std, size=size))
@@ -379,6 +403,29 @@ class TreeAggregation(CorrelatedNoise):
             return self.rng(index, STREAM_TREE_NODE, level).normal(0.0, std, size=size)
 
         return self._stream.step(draw)
+
+    def _next_factor(self, round_: int) -> float:
+        # the tree is not time-invariant: a probe TreeNoise whose node draws are unit vectors, one coordinate per
+        # node (the vectors grow as nodes are drawn), gives the combination of node draws each round adds
+        probe = self.__dict__.get("_probe")
+        if probe is None:
+            from .tree import TreeNoise
+
+            probe = self.__dict__["_probe"] = {"tree": TreeNoise(64, self.estimator), "ids": {}}
+        tree, ids = probe["tree"], probe["ids"]
+        if (
+            len(ids) + 64 > tree.size
+        ):  # room for the nodes one round may draw (at most log2 of the rounds + 1)
+            grown = 2 * tree.size
+            tree._nodes = np.pad(tree._nodes, ((0, 0), (0, grown - tree.size)))
+            tree.size = grown
+
+        def unit(level: int, index: int) -> np.ndarray:
+            e = np.zeros(tree.size)
+            e[ids.setdefault((level, index), len(ids))] = 1.0
+            return e
+
+        return float(np.linalg.norm(tree.step(unit)))
 
     def _stream_size(self) -> int:
         return int(self._stream.size)

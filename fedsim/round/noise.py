@@ -66,7 +66,7 @@ class NoiseSource(SeededState):
     def rng(self, round_: int, stream: int, *extra: int) -> Any:
         """The generator of ``stream`` in round ``round_`` (also for non-noise draws, such as the clients picked for
         federated evaluation)."""
-        return make_rng(self.seed, round_, stream, *extra)
+        return make_rng(self.seed, self.stream_round(round_), stream, *extra)
 
     def noise(
         self, round_: int, purpose: str, size: int | None, std: Any, *, client: int | None = None
@@ -81,6 +81,11 @@ class NoiseSource(SeededState):
             return 0.0 if size is None else np.zeros(size)
         extra = () if client is None else (int(client),)
         return self.rng(round_, stream, *extra).normal(0.0, std, size=size)
+
+    def added_std(self, round_: int, std: float) -> float:
+        """The std, per coordinate, of the model noise this source adds to the sum in round ``round_`` when each
+        fresh draw has std ``std`` (what a row publishes as ``noise_std_sum``). Independent noise: ``std``."""
+        return float(std)
 
     # ------------------------------------------------------------------ the mechanism's privacy meaning
     #: whether round t's noise combines earlier rounds' draws (needs a participation schedule to be accounted)

@@ -103,6 +103,13 @@ class SeededState:
 
     name: str = ""
     seed: int | None
+    #: rounds the same seed drew before this run's round 1 (a strategy continuing a ledger): round ``t`` draws from
+    #: the streams of round ``stream_offset + t``, so a continuation never repeats an earlier run's cohort or noise
+    stream_offset: int = 0
+
+    def stream_round(self, round_: int) -> int:
+        """The round whose streams round ``round_`` of this run draws from (:attr:`stream_offset`)."""
+        return int(round_) + int(self.stream_offset)
 
     def extra_state(self) -> dict[str, Any]:
         """State beyond the name and the seed that a checkpoint must save to continue the same draws."""
@@ -112,13 +119,17 @@ class SeededState:
         """Restore :meth:`extra_state`."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed, **self.extra_state()}
+        offset = (
+            {"stream_offset": int(self.stream_offset)} if self.stream_offset else {}
+        )  # saved only when set
+        return {"name": self.name, "seed": self.seed, **offset, **self.extra_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ValueError(f"state of {state.get('name')!r} cannot be loaded into {self.name!r}")
         self.seed = state.get("seed")
-        self.load_extra_state({k: v for k, v in state.items() if k not in ("name", "seed")})
+        self.stream_offset = int(state.get("stream_offset", 0))
+        self.load_extra_state({k: v for k, v in state.items() if k not in ("name", "seed", "stream_offset")})
 
 
 def register_component(registry: dict[str, Any], cls: Any, base: type, *, replace: bool = False) -> Any:

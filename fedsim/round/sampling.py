@@ -54,6 +54,19 @@ ADD_REMOVE = "add-remove"
 REPLACE_ONE = "replace-one"
 
 
+def public_population(m: Any) -> int:
+    """The population size a scheme's public constants come from: ``m.public_population``, fixed before the run (the
+    sampling probability when a cohort size is given, and the aggregate's denominator), else ``m.population``.
+
+    Under add/remove neighbours the realised population is what one client changes, so nothing released may depend
+    on it: a run fixes its public population before its first round (:class:`fedsim.strategies.DPFedAvg`'s
+    ``population``) and every released quantity is computed from that; the accounting stays over the clients actually
+    sampled from. A mechanism without one (``fedsim privacy``, a ledger written before the field existed, a strategy
+    told no population) treats its population as public: zero-out neighbours, accounted exactly as add/remove."""
+    pub = getattr(m, "public_population", None)
+    return int(pub) if pub is not None else int(m.population)
+
+
 def id_array(client_ids: Any) -> np.ndarray:
     """Sorted, unique client (or Flower node) ids as an integer array.
 
@@ -124,13 +137,17 @@ class Sampler(SeededState):
 
     @classmethod
     def q(cls, m: Any) -> float:
-        """The probability that a given client takes part in a round."""
-        return m.sampling_rate if m.sampling_rate is not None else m.clients_per_round / m.population
+        """The probability that a given client takes part in a round: the rate, or the expected cohort over the
+        public population (:func:`public_population`), never over the realised one."""
+        return m.sampling_rate if m.sampling_rate is not None else m.clients_per_round / public_population(m)
 
     @classmethod
     def expected_cohort(cls, m: Any) -> float:
-        """Clients per round (the aggregate's denominator, a public number): the expected cohort size."""
-        return m.clients_per_round if m.clients_per_round is not None else m.sampling_rate * m.population
+        """Clients per round (the aggregate's denominator, a public number): the expected cohort size, from the
+        public population (:func:`public_population`)."""
+        return (
+            m.clients_per_round if m.clients_per_round is not None else m.sampling_rate * public_population(m)
+        )
 
     @classmethod
     def at_population(cls, m: Any, population: int) -> Any:
@@ -184,7 +201,7 @@ class Sampler(SeededState):
 
     # ------------------------------------------------------------------ drawing
     def rng(self, round_: int) -> Any:
-        return make_rng(self.seed, round_, STREAM_SAMPLING)
+        return make_rng(self.seed, self.stream_round(round_), STREAM_SAMPLING)
 
     def draw(self, ids: np.ndarray, rng: Any, m: Any) -> np.ndarray:
         """The cohort from the sorted ids: each client independently with probability ``q``."""
@@ -240,14 +257,19 @@ class FixedSizeSampler(Sampler):
         return rate, cpr
 
     @classmethod
+    def q(cls, m: Any) -> float:
+        # drawn without replacement from the clients actually offered: replace-one neighbours keep their number
+        return cls.expected_cohort(m) / m.population
+
+    @classmethod
     def expected_cohort(cls, m: Any) -> float:
         if m.clients_per_round is not None:
             return m.clients_per_round
-        return int(round(m.sampling_rate * m.population))
+        return int(round(m.sampling_rate * public_population(m)))
 
     @classmethod
     def min_population(cls, m: Any) -> int:
-        return max(1, int(m.clients_per_round or 1))
+        return max(1, int(cls.expected_cohort(m)))
 
     @classmethod
     def describe(cls, m: Any) -> str:
@@ -302,7 +324,7 @@ class EveryoneSampler(Sampler):
 
     @classmethod
     def expected_cohort(cls, m: Any) -> float:
-        return m.population
+        return public_population(m)
 
     @classmethod
     def at_population(cls, m: Any, population: int) -> Any:
@@ -490,7 +512,7 @@ class CyclicSampler(ScheduledSampler):
 
     @classmethod
     def expected_cohort(cls, m: Any) -> float:
-        return cls.q(m) * m.population / m.min_separation
+        return cls.q(m) * public_population(m) / m.min_separation
 
     @classmethod
     def min_population(cls, m: Any) -> int:
@@ -587,7 +609,7 @@ class MinSeparationSampler(ScheduledSampler):
     @classmethod
     def expected_cohort(cls, m: Any) -> float:
         q = cls.q(m)
-        return q * m.population / (1.0 + q * (m.min_separation - 1))
+        return q * public_population(m) / (1.0 + q * (m.min_separation - 1))
 
     @classmethod
     def describe(cls, m: Any) -> str:

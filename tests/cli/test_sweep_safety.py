@@ -95,7 +95,13 @@ def test_new_run_dirs_starts_a_new_directory_beside_the_old_one_with_the_right_e
     new = out / "sampling=poisson" / "seed0.2"
     assert _files(old) == old_files  # the old run is kept as it was
     assert load_scenario(str(new / "config.toml")).privacy.noise_multiplier == 0.5
-    assert f"{old} holds a run of other settings" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{old} holds a run of other settings" in printed
+    # third audit: the old run trained the same clients (same seed and data); its 2 released rounds are not
+    # composed with the new run's epsilon, and that is said where the run starts and in its row
+    said = f"{old}: 2 rounds released on the same clients (same seed and data), not composed with this run's epsilon"
+    assert said in " ".join(printed.split())
+    assert _csv(out / "sweep.csv")[0]["uncomposed_releases"] == said
     # the epsilon reported is the new run's, the one a fresh sweep of these settings certifies
     assert _sweep(tmp_path / "fresh", "--set", "privacy.noise_multiplier=0.5") == 0
     fresh = float(_csv(tmp_path / "fresh" / "sweep.csv")[0]["epsilon"])

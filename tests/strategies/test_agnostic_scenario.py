@@ -42,6 +42,7 @@ def test_afl_and_dp_fedavg_certify_the_same_epsilon(rounds):
         num_domains = data.num_domains
         num_classes = data.num_classes
         domain = staticmethod(data.domain)
+        domain_clients = staticmethod(data.domain_clients)
 
     afl, avg = build_strategy(afl_sc, population, _Data()), build_strategy(avg_sc, population, _Data())
     assert type(afl).__name__ == "DPAgnosticFedAvg" and type(avg).__name__ == "DPFedAvg"
