@@ -154,21 +154,35 @@ def calibrated_noise_multiplier(strategy: DPFedAvg, population: int, scenario: S
     """The noise multiplier meeting ``privacy.target_epsilon`` after ``rounds`` rounds at ``privacy.delta`` by the
     scenario's certified accountant, for the strategy's sampling, schedule and mechanism over ``population``
     training clients (rounded up: the target holds)."""
-    from fedsim.privacy.paper.calibration import calibrate_noise
+    from fedsim.privacy.accountants import epsilon_at
+    from fedsim.privacy.paper.calibration import CALIBRATION_RANGE, calibrate_noise
     from fedsim.privacy.schedule import calibrate_schedule
+    from fedsim.validation import PrivacyInputError, target_out_of_reach
 
     p = scenario.privacy
     if strategy.accounting is not None:
-        return calibrate_schedule(
-            strategy.accounting, scenario.rounds, p.target_epsilon, p.delta, p.accountant
+        try:
+            return calibrate_schedule(
+                strategy.accounting, scenario.rounds, p.target_epsilon, p.delta, p.accountant
+            )
+        except PrivacyInputError as exc:  # the same error, named as the scenario's field
+            raise PrivacyInputError(f"privacy.{exc.field}", exc.value, exc.allowed) from None
+    mechanism = strategy.mechanism(population)
+    z = calibrate_noise(mechanism, p.target_epsilon, p.delta, scenario.rounds, p.accountant)
+    if z is None or z <= CALIBRATION_RANGE[0]:
+        # not met even at the most noise searched, or already met at the least: a run would not spend the target
+        reach = tuple(
+            epsilon_at(mechanism.replace(noise_multiplier=zz), scenario.rounds, p.delta, p.accountant)
+            for zz in CALIBRATION_RANGE
         )
-    z = calibrate_noise(
-        strategy.mechanism(population), p.target_epsilon, p.delta, scenario.rounds, p.accountant
-    )
-    if z is None:
-        raise ValueError(
-            f"privacy.target_epsilon={p.target_epsilon}: no noise multiplier up to 1e4 meets it after "
-            f"{scenario.rounds} rounds at delta={p.delta}"
+        raise target_out_of_reach(
+            "privacy.target_epsilon",
+            p.target_epsilon,
+            scenario.rounds,
+            p.delta,
+            CALIBRATION_RANGE,
+            reach,
+            p.accountant,
         )
     return float(z)
 

@@ -11,14 +11,17 @@ placements, the certified accountants, server optimizers, training paths), and t
 from __future__ import annotations
 
 import math
+import types
+import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -42,7 +45,14 @@ from fedsim.round import (
 from fedsim.round.sampling import ADD_REMOVE
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
-from fedsim.validation import PrivacyInputError, baseline_combinations, noise_and_clip
+from fedsim.validation import (
+    NO_NOISE,
+    PrivacyInputError,
+    baseline_combinations,
+    composed_noise_multiplier,
+    noise_and_clip,
+    noise_multiplier_value,
+)
 
 Partitioner = Literal[PARTITIONERS]  # type: ignore[valid-type]
 ModelName = Literal[MODELS]  # type: ignore[valid-type]
@@ -77,9 +87,62 @@ MECHANISM_FIELDS = ("bands", "buffers", "estimator")
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+def _number_kind(annotation: Any) -> str | None:
+    """'a whole number' or 'a number' when a field's annotation (through ``| None`` and lists) takes numbers but not
+    booleans, else None."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else ()
+    options = args or (annotation,)
+    if bool in options or Any in options:
+        return None
+    if float in options:
+        return "a number"
+    return "a whole number" if int in options else None
+
+
+def _bounds(metadata: list[Any]) -> str:
+    """The range a field's ``Field(ge=..., lt=...)`` gives, as text (" >= 0", " in (0, 1)")."""
+    low = next((f"[{m.ge:g}" for m in metadata if hasattr(m, "ge")), None) or next(
+        (f"({m.gt:g}" for m in metadata if hasattr(m, "gt")), None
+    )
+    high = next((f"{m.le:g}]" for m in metadata if hasattr(m, "le")), None) or next(
+        (f"{m.lt:g})" for m in metadata if hasattr(m, "lt")), None
+    )
+    if low and high:
+        return f" in {low}, {high}"
+    if low:
+        return f" {'>=' if low[0] == '[' else '>'} {low[1:]}"
+    if high:
+        return f" {'<=' if high[-1] == ']' else '<'} {high[:-1]}"
+    return ""
+
+
 class _Section(BaseModel):
     # nan and inf are refused in every float field: nothing in a scenario is meaningful at either
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 and false as 0 in a number field (``canaries = true`` would be one canary): a
+        boolean is refused wherever a number is expected, in a list of numbers too."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, bool) for v in items):
+            annotation = field.annotation
+            # a list of numbers (data.domains): its items' kind
+            lists = [a for a in (*typing.get_args(annotation), annotation) if typing.get_origin(a) is list]
+            kind = next((k for a in lists if (k := _number_kind(typing.get_args(a)[0]))), None)
+            listed = f"a list of {kind[2:]}s" if kind else None
+            scalar = _number_kind(annotation)
+            if isinstance(value, list):
+                what = listed
+            else:
+                what = scalar and scalar + _bounds(field.metadata) + (f" or {listed}" if listed else "")
+            if what is not None:
+                raise ValueError(f"must be {what}, not true or false (a boolean is not read as 1 or 0)")
+        return value
 
 
 def _serialize_callable(value: Any, what: str) -> Any:
@@ -93,6 +156,16 @@ def _serialize_callable(value: Any, what: str) -> Any:
             "module (it is then written as 'package.module:function')"
         )
     return ref
+
+
+def _noise_multiplier(field: str, value: Any, zero_means: str | None) -> Any:
+    """:func:`fedsim.validation.noise_multiplier_value`'s range, with the message the loader prefixes with the field."""
+    if value is None:
+        return None
+    try:
+        return noise_multiplier_value(field, value, zero_means)
+    except PrivacyInputError as exc:
+        raise ValueError(exc.allowed) from None
 
 
 def _finite_values(what: str, value: Any) -> None:
@@ -349,6 +422,14 @@ class PrivacyConfig(_Section):
         description="adaptive clipping: noise std of the clipped-count release (default: clients/20)",
     )
 
+    @field_validator("noise_multiplier", "count_noise_multiplier")
+    @classmethod
+    def _noise_range(cls, value: Any, info: ValidationInfo) -> Any:
+        # fedsim.validation's one range for every noise multiplier (0: no noise, for the model release only)
+        return _noise_multiplier(
+            info.field_name, value, NO_NOISE if info.field_name == "noise_multiplier" else None
+        )
+
     def mechanism_options(self) -> dict[str, Any]:
         """The noise mechanism's options set in this section (``bands``, ``buffers``, ...)."""
         return {k: getattr(self, k) for k in MECHANISM_FIELDS if getattr(self, k) is not None}
@@ -402,6 +483,11 @@ class AgnosticConfig(_Section):
     enabled: bool = False
     lambda_lr: float = Field(0.1, gt=0, description="projected gradient ascent step on the mixture weights")
     loss_noise_multiplier: float = Field(1.0, gt=0, description="noise on the per-domain loss sums")
+
+    @field_validator("loss_noise_multiplier")
+    @classmethod
+    def _noise_range(cls, value: Any) -> Any:
+        return _noise_multiplier("loss_noise_multiplier", value, None)
 
 
 class EngineConfig(_Section):
@@ -553,6 +639,14 @@ class Scenario(_Section):
             check_schedule_combination(
                 sampler_class(p.sampling), NOISE_SOURCES[p.mechanism or "independent"], agnostic=True
             )
+        p, a = self.privacy, self.agnostic
+        composed_noise_multiplier(
+            {
+                "privacy.noise_multiplier": p.noise_multiplier,
+                "privacy.count_noise_multiplier": p.count_noise_multiplier if p.adaptive_clip else None,
+                "agnostic.loss_noise_multiplier": a.loss_noise_multiplier if a.enabled else None,
+            }
+        )
         self._canaries_allowed()
         return self
 

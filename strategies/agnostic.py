@@ -40,7 +40,7 @@ import numpy as np
 from fedsim.flower import protocol
 from fedsim.privacy import Mechanism
 from fedsim.round import PartialSum, bounded_value, check_schedule_combination, id_array, private_mean
-from fedsim.validation import PrivacyInputError, positive_finite
+from fedsim.validation import PrivacyInputError, noise_multiplier_value, positive_finite
 
 from .dpfedavg import DPFedAvg, RoundPlan
 
@@ -100,7 +100,7 @@ class DPAgnosticFedAvg(DPFedAvg):
         if int(num_domains) < 1:
             raise PrivacyInputError("num_domains", num_domains, "must be an integer >= 1")
         lambda_lr = positive_finite("lambda_lr", lambda_lr)
-        loss_noise_multiplier = positive_finite("loss_noise_multiplier", loss_noise_multiplier)
+        loss_noise_multiplier = noise_multiplier_value("loss_noise_multiplier", loss_noise_multiplier, None)
         loss_bound = positive_finite("loss_bound", loss_bound)
         self.num_domains = int(num_domains)
         self._domain_of = (

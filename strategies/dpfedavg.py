@@ -55,7 +55,9 @@ from fedsim.round import (
 from fedsim.validation import (
     PrivacyInputError,
     baseline_combinations,
+    composed_noise_multiplier,
     noise_and_clip,
+    noise_multiplier_value,
     one_of,
     open_unit,
     positive_finite,
@@ -118,8 +120,11 @@ class AdaptiveClipping:
             raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
         if self.learning_rate <= 0:
             raise ValueError(f"adaptive clipping learning_rate must be > 0, got {self.learning_rate}")
-        if self.count_noise_multiplier is not None and self.count_noise_multiplier <= 0:
-            raise ValueError(f"count_noise_multiplier must be > 0, got {self.count_noise_multiplier}")
+        if (
+            self.count_noise_multiplier is not None
+        ):  # the range every noise multiplier keeps; 0 is not allowed
+            z = noise_multiplier_value("count_noise_multiplier", self.count_noise_multiplier, None)
+            object.__setattr__(self, "count_noise_multiplier", z)
 
 
 class DPFedAvg(Strategy):
@@ -216,6 +221,13 @@ class DPFedAvg(Strategy):
             noise_placement=noise_placement,
             adaptive=adaptive_clipping is not None,
         )
+        if adaptive_clipping is not None and noise_multiplier > 0:  # the model and the count on one cohort
+            composed_noise_multiplier(
+                {
+                    "noise_multiplier": noise_multiplier,
+                    "count_noise_multiplier": adaptive_clipping.count_noise_multiplier,
+                }
+            )
         sampling_rate, clients_per_round = self.sampler.check_cohort(sampling_rate, clients_per_round)
         self.min_separation, self.max_participations = self.sampler.check_schedule(
             min_separation, max_participations

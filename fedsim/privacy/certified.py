@@ -176,7 +176,18 @@ def estimated_pld_points(
     ``(1 + 20 std) / std^2`` (dp-accounting keeps ~10 standard deviations of tail), divided by the grid step.
     Cheap: used to refuse a PLD before building it."""
     std, _q, _rel = m.pld_parameters(relation or m.neighbouring)
-    return (1.0 + 20.0 * std) / (std * std) / discretization
+    return gaussian_pld_points(std, 1, discretization)
+
+
+def gaussian_pld_points(
+    std: float, count: int = 1, discretization: float = DEFAULT_PLD_DISCRETIZATION
+) -> float:
+    """About how many grid points the PLD of ``count`` compositions of a Gaussian of sensitivity 1 and noise ``std``
+    (Poisson-sampled or not: sampling only narrows it) holds: one's, :func:`estimated_pld_points`, plus the
+    composition's spread, ``16 sqrt(count) / std`` (as :func:`check_pld_size`). Compare with
+    :data:`MAX_PLD_POINTS` before building one."""
+    one = (1.0 + 20.0 * std) / (std * std) / discretization
+    return one if count <= 1 else one + 16.0 * math.sqrt(count) / std / discretization
 
 
 def _relation(relation: str):

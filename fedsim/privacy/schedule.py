@@ -39,12 +39,18 @@ __all__ = [
     "ScheduleAccounting",
     "ScheduledGaussian",
     "calibrate_schedule",
+    "pld_impractical",
     "schedule_bounds",
     "schedule_epsilon",
+    "schedule_epsilon_detail",
 ]
 
 #: calibration aims this fraction below the target epsilon (see :func:`calibrate_schedule`)
 MARGIN = 1e-3
+#: the noise multipliers :func:`calibrate_schedule` searches
+CALIBRATION_RANGE = (1e-2, 1e4)
+#: the value discretisation of dp-accounting's ``PLDAccountant`` (its default), which the schedule's PLDs use
+PLD_DISCRETIZATION = 1e-4
 
 
 @dataclass(frozen=True)
@@ -264,47 +270,112 @@ def _dp_accountant(method: str) -> Any:
     return {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}[method]
 
 
-def schedule_epsilon(
+def pld_impractical(accounting: ScheduleAccounting, t: int, noise_multiplier: float) -> str | None:
+    """Why dp-accounting's PLD of the first ``t`` rounds at ``noise_multiplier`` (:meth:`ScheduleAccounting.run_event`)
+    would not fit in memory, or None: more points than the ledger allows one
+    (:data:`fedsim.privacy.certified.MAX_PLD_POINTS`). A long schedule with little noise per unit of sensitivity
+    gets there (tree aggregation over 20,000 cyclic rounds at z = 1 is a Gaussian of noise multiplier 4e-4: about
+    5e10 points)."""
+    from .certified import MAX_PLD_POINTS, gaussian_pld_points
+
+    if not noise_multiplier > 0:
+        return None
+    amplified = accounting.amplified
+    if amplified:
+        std = noise_multiplier / math.sqrt(accounting.column_squared)
+        count = min(-(-t // accounting.min_sep), accounting.k or t)
+    else:
+        _, total, _ = accounting.prefix(t)
+        if not total > 0:
+            return None
+        std, count = noise_multiplier / math.sqrt(total), 1
+    points = gaussian_pld_points(std, count, PLD_DISCRETIZATION)
+    if points <= MAX_PLD_POINTS:
+        return None
+    what = f"{count} sampled Gaussians" if amplified else "one Gaussian"
+    return (
+        f"the first {t} rounds are {what} of noise multiplier {std:.3g}, whose PLD needs about {points:.3g} points "
+        f"(at most {MAX_PLD_POINTS:.3g})"
+    )
+
+
+def schedule_epsilon_detail(
     accounting: ScheduleAccounting, t: int, noise_multiplier: float, delta: float, method: str
-) -> float:
-    """The certified epsilon at ``delta`` of the first ``t`` rounds at ``noise_multiplier`` (dp-accounting's
-    ``method`` on :meth:`ScheduleAccounting.run_event`); infinite without noise."""
+) -> tuple[float, str | None]:
+    """:func:`schedule_epsilon` and why ``pld`` was answered with ``rdp`` (None: it was not)."""
     from dp_accounting import dp_event
 
     event = accounting.run_event(t, noise_multiplier)
     if isinstance(event, dp_event.NonPrivateDpEvent):
-        return math.inf
-    acc = _dp_accountant(method)()
+        return math.inf, None
+    _dp_accountant(method)  # refuses anything but pld and rdp
+    why = pld_impractical(accounting, t, noise_multiplier) if method == "pld" else None
+    acc = _dp_accountant("rdp" if why else method)()
     acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    return float(acc.get_epsilon(delta)), why
+
+
+def schedule_epsilon(
+    accounting: ScheduleAccounting, t: int, noise_multiplier: float, delta: float, method: str
+) -> float:
+    """The certified epsilon at ``delta`` of the first ``t`` rounds at ``noise_multiplier`` (dp-accounting's
+    ``method`` on :meth:`ScheduleAccounting.run_event`); infinite without noise. Where ``pld`` would not fit in memory
+    (:func:`pld_impractical`) it is answered with ``rdp``, a valid, looser upper bound, as the ledger does."""
+    return schedule_epsilon_detail(accounting, t, noise_multiplier, delta, method)[0]
 
 
 def calibrate_schedule(
-    accounting: ScheduleAccounting, rounds: int, target_epsilon: float, delta: float, method: str
+    accounting: ScheduleAccounting,
+    rounds: int,
+    target_epsilon: float,
+    delta: float,
+    method: str,
+    *,
+    notes: list[str] | None = None,
 ) -> float:
     """The noise multiplier whose certified epsilon (dp-accounting's ``method``, ``"pld"`` or ``"rdp"``) after
     ``rounds`` rounds of ``accounting`` is ``target_epsilon`` at ``delta``, computed on the run's closed-form event
     and aimed 0.1% below the target: a run's ledger composes the same Gaussian round by round, and PLD's
     pessimistic discretisation then adds a little (4.00004 for a target of 4 over 100 rounds without the margin).
     RDP first, then PLD, which is tighter, just below RDP's answer (a PLD at a tiny noise multiplier would not fit in
-    memory)."""
+    memory). Where even that PLD would not fit (:func:`pld_impractical`), ``pld`` answers with RDP's noise
+    multiplier, which certifies the target too, and says so in ``notes``.
+
+    A target that no noise multiplier in :data:`CALIBRATION_RANGE` meets, or that even the least of them beats, is
+    a :class:`PrivacyInputError` naming the epsilons that range reaches."""
     from dp_accounting import calibrate_dp_mechanism
     from dp_accounting.mechanism_calibration import ExplicitBracketInterval
+
+    from fedsim.validation import target_out_of_reach
 
     from .certified import quiet_absl
 
     if not (
-        isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0
+        isinstance(target_epsilon, (int, float))
+        and not isinstance(target_epsilon, bool)
+        and math.isfinite(target_epsilon)
+        and target_epsilon > 0
     ):
         raise PrivacyInputError("target_epsilon", target_epsilon, "must be a positive finite number")
     _dp_accountant(method)  # refuses anything but pld and rdp
+    aim = float(target_epsilon) * (1.0 - MARGIN)
+    least, most = CALIBRATION_RANGE
+    with quiet_absl():
+        reach = (
+            schedule_epsilon(accounting, rounds, least, delta, "rdp"),
+            schedule_epsilon(accounting, rounds, most, delta, "rdp"),
+        )
+    if not reach[1] < aim < reach[0]:  # the root finder needs the target strictly inside
+        raise target_out_of_reach(
+            "target_epsilon", target_epsilon, rounds, delta, CALIBRATION_RANGE, reach, "rdp"
+        )
 
     def calibrate(name: str, low: float, high: float) -> float:
         return float(
             calibrate_dp_mechanism(
                 _dp_accountant(name),
                 lambda z: accounting.run_event(rounds, z),
-                float(target_epsilon) * (1.0 - MARGIN),
+                aim,
                 float(delta),
                 ExplicitBracketInterval(low, high),
                 tol=1e-4,
@@ -312,5 +383,17 @@ def calibrate_schedule(
         )
 
     with quiet_absl():
-        z_rdp = calibrate("rdp", 1e-2, 1e4)
-        return z_rdp if method == "rdp" else calibrate("pld", 0.25 * z_rdp, 1.01 * z_rdp)
+        z_rdp = calibrate("rdp", least, most)
+        if method == "rdp":
+            return z_rdp
+        why = pld_impractical(accounting, rounds, 0.25 * z_rdp)
+        if why is None:
+            try:
+                return calibrate("pld", 0.25 * z_rdp, 1.01 * z_rdp)
+            except ValueError:  # PLD's epsilon does not cross the target in that bracket
+                why = "PLD's epsilon does not cross the target near RDP's noise multiplier"
+        if notes is not None:
+            notes.append(
+                f"pld: calibrated with rdp ({why}): RDP's noise multiplier, which certifies the target too"
+            )
+        return z_rdp

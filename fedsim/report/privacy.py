@@ -30,23 +30,25 @@ from fedsim.privacy.accountants import (
     NOT_PRIVATE_NOTE,
     PAPER_BOUNDS,
     compute_curve,
+    epsilon_at,
     method_kind,
 )
-from fedsim.privacy.certified import quiet_absl
+from fedsim.privacy.certified import pld_checkpoints, quiet_absl
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import Mechanism
 from fedsim.privacy.paper.audit import audit_closed_forms
-from fedsim.privacy.paper.calibration import calibrate_noise
+from fedsim.privacy.paper.calibration import CALIBRATION_RANGE, calibrate_noise
 from fedsim.privacy.paper.generalization import statement_curve
 from fedsim.privacy.schedule import (
     ScheduleAccounting,
     calibrate_schedule,
     schedule_bounds,
-    schedule_epsilon,
+    schedule_epsilon_detail,
 )
 from fedsim.report.rundir import json_safe
 from fedsim.round import NOISE_SOURCES, check_schedule_combination, make_noise_source
 from fedsim.round.sampling import sampling_names
+from fedsim.validation import NOISE_MULTIPLIER_RANGE, target_out_of_reach
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
 
@@ -108,7 +110,8 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--noise-multiplier",
         type=float,
         default=None,
-        help="Gaussian noise std on the sum / clip (required unless --target-epsilon)",
+        help="Gaussian noise std on the sum / clip: 0 (no noise) or in [{:g}, {:g}] (required unless "
+        "--target-epsilon)".format(*NOISE_MULTIPLIER_RANGE),
     )
     p.add_argument("--clip", type=float, default=1.0, help="L2 clip of one client's update (default 1)")
     p.add_argument("--noise-placement", default="central", help="central or distributed (default central)")
@@ -155,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
             prog="fedsim privacy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
         )
     )
+
+
+#: a schedule's rdp curve is exact at every round up to this many rounds (one dp-accounting call each, about 2.5 ms),
+#: then at checkpoints 10% apart, as for independent rounds
+RDP_EVERY_ROUND = 1000
 
 
 def _checkpoints(T: int) -> list[int]:
@@ -223,12 +231,25 @@ def _run(args: argparse.Namespace) -> int:
             raise PrivacyInputError("target_epsilon", args.target_epsilon, "must be a positive finite number")
         calibration = {m: calibrate_noise(mech, args.target_epsilon, delta, T, m) for m in methods}
         if args.noise_multiplier is None:
-            cert = [calibration[m] for m in methods if m in CERTIFIED and calibration[m] is not None]
-            if not cert:
-                cert = [calibration[m] for m in ("pld",) if calibration.get(m) is not None]
-            if not cert:
-                cert = [calibrate_noise(mech, args.target_epsilon, delta, T, "pld")]
-            mech = mech.replace(noise_multiplier=min(c for c in cert if c is not None))
+            # the least noise a certified accountant certifies the target at (pld when none was asked for)
+            picks = [m for m in methods if m in CERTIFIED] or ["pld"]
+            found = {
+                m: calibration[m]
+                if m in calibration
+                else calibrate_noise(mech, args.target_epsilon, delta, T, m)
+                for m in picks
+            }
+            met = {m: z for m, z in found.items() if z is not None}
+            if not met or min(met.values()) <= CALIBRATION_RANGE[0]:
+                # not met even at the most noise searched, or already at the least: nothing to calibrate to
+                by = min(met, key=met.get) if met else picks[0]
+                reach = tuple(
+                    epsilon_at(mech.replace(noise_multiplier=zz), T, delta, by) for zz in CALIBRATION_RANGE
+                )
+                raise target_out_of_reach(
+                    "target_epsilon", args.target_epsilon, T, delta, CALIBRATION_RANGE, reach, by
+                )
+            mech = mech.replace(noise_multiplier=min(met.values()))
 
     shown = tuple(_checkpoints(T))  # the rounds the table prints: exact there
     curves = {m: compute_curve(mech, T, delta, m, exact_at=shown) for m in methods}
@@ -290,23 +311,48 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
             "a schedule or correlated noise is accounted by pld or rdp only (dp-accounting)",
         )
     calibration = None
+    notes: list[str] = []
     z = mech.noise_multiplier
     if args.target_epsilon is not None:
         target = args.target_epsilon
         if not (target > 0 and math.isfinite(target)):
             raise PrivacyInputError("target_epsilon", target, "must be a positive finite number")
 
-        calibration = {m: calibrate_schedule(accounting, T, target, delta, m) for m in certified}
+        calibration = {m: calibrate_schedule(accounting, T, target, delta, m, notes=notes) for m in certified}
         if args.noise_multiplier is None:
             z = max(calibration.values())  # the larger: the target holds under every certified accountant
     shown = _checkpoints(T)
     curves: dict[str, list[float | None]] = {}
+    exact_at: dict[str, list[int]] = {}
     for m in certified:
-        # rdp at every round; pld (a PLD per point) at the printed rounds, the next one's value (an upper bound:
-        # epsilon grows with t) in between
-        at = range(1, T + 1) if m == "rdp" else shown
-        values = {t: schedule_epsilon(accounting, t, z, delta, m) for t in at}
+        # rdp at every round (up to RDP_EVERY_ROUND rounds, then at checkpoints as for independent rounds); pld (a
+        # PLD per point) at the printed rounds; in between, the next one's value (an upper bound: epsilon grows
+        # with t)
+        if m == "rdp":
+            at = (
+                list(range(1, T + 1))
+                if T <= RDP_EVERY_ROUND
+                else sorted({*pld_checkpoints(T, dense=10, ratio=1.1).tolist(), *shown})
+            )
+        else:
+            at = shown
+        values, fell_back = {}, []
+        for t in at:
+            values[t], why = schedule_epsilon_detail(accounting, t, z, delta, m)
+            if why is not None:
+                fell_back.append((t, why))
         curves[m] = [values[min(p for p in at if p >= t)] for t in range(1, T + 1)]
+        exact_at[m] = list(at)
+        if m == "rdp" and T > RDP_EVERY_ROUND:
+            notes.append(
+                f"rdp: exact at {len(at)} checkpoint rounds; rounds in between report the next checkpoint's "
+                "epsilon (an upper bound)"
+            )
+        if fell_back:
+            notes.append(
+                f"pld: answered with rdp (a valid, looser upper bound) from round {fell_back[0][0]} on: PLD "
+                f"accounting is impractical there ({fell_back[-1][1]})"
+            )
     _, s_T, exact = (
         accounting.prefix(T) if not accounting.amplified else (0.0, accounting.column_squared, True)
     )
@@ -318,10 +364,8 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
         sensitivity_exact=exact,
         rounds=T,
         delta=delta,
-        methods={
-            m: {"epsilon": c, "exact_at": list(range(1, T + 1)) if m == "rdp" else shown}
-            for m, c in curves.items()
-        },
+        methods={m: {"epsilon": c, "exact_at": exact_at[m]} for m, c in curves.items()},
+        notes=notes,
         not_applicable={m: "the papers' closed forms analyse independent rounds" for m in skipped},
         calibration=calibration,
         target_epsilon=args.target_epsilon,
@@ -345,6 +389,7 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
         lines.append("  ".join([str(t).rjust(6)] + [_cell(curves[m][t - 1]).rjust(10) for m in curves]))
     lines.append("")
     lines.append("epsilon at the given delta, certified by dp-accounting")
+    lines += notes
     if skipped:
         lines.append(f"not shown: {', '.join(skipped)} (the papers' closed forms analyse independent rounds)")
     print("\n".join(lines))

@@ -21,6 +21,7 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from fedsim.cli import EXIT_BUDGET, EXIT_FAILURES, EXIT_USAGE, FAILURES_LABEL, main
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario
@@ -180,12 +181,13 @@ NUMBERISH = st.one_of(
     st.integers(-(10**6), 10**6).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.sampled_from(["0", "-1", "1e-300", "nan", "inf", "0.5", "1", "1000", ""]),
+    st.sampled_from(["1e300", "-1e300", "-0.0", "5e-324", "1e-9", "1e9", "True", "False"]),
 )
 PRIVACY_FLAGS = {
     "--population": st.one_of(NUMBERISH, st.integers(1, 10**6).map(str)),
     "--clients-per-round": NUMBERISH,
     "--sampling-rate": NUMBERISH,
-    "--sampling": st.one_of(LABEL, st.sampled_from(["poisson", "fixed", "all"])),
+    "--sampling": st.one_of(LABEL, st.sampled_from(["poisson", "fixed", "all", "cyclic", "min-separation"])),
     "--noise-multiplier": NUMBERISH,
     "--clip": NUMBERISH,
     "--noise-placement": st.one_of(LABEL, st.sampled_from(["central", "distributed"])),
@@ -214,6 +216,241 @@ def test_fedsim_privacy_answers_or_exits_2_without_a_traceback(flags, data):
     assert code in (0, EXIT_USAGE), (argv, code, err)
     if code == EXIT_USAGE:
         assert "error" in err, err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The options added since the tests above were written: participation schedules (cyclic, min-separation), correlated
+# noise (tree, banded-mf, blt) and their options, canaries and adaptive clipping's count release, over extreme floats
+# and booleans where numbers are expected. None of these tests trains a model.
+
+#: floats at and past the ends of what any field means, and booleans (which pydantic would read as 1 and 0)
+EXTREMES = [1e300, -1e300, 1e-300, -1e-300, 5e-324, 1.7976931348623157e308, 0.0, -0.0, math.inf, -math.inf,
+            math.nan, True, False]  # fmt: skip
+EXTREME_TEXT = ["1e300", "-1e300", "1e-300", "-1e-300", "5e-324", "1e309", "-0.0", "inf", "-inf", "nan", "True",
+                "False", "true", "1e-9", "1e9"]  # fmt: skip
+SCHEDULES = ["poisson", "fixed", "all", "cyclic", "min-separation"]
+MECHANISMS = ["independent", "tree", "banded-mf", "blt"]
+SMALL_INT = st.one_of(st.integers(-2, 12), st.sampled_from(EXTREMES))
+NUMBER = st.one_of(st.floats(0, 10), st.sampled_from(EXTREMES), st.sampled_from([1e-7, 1e-6, 1e6, 1e7, 4.0]))
+NEW_PRIVACY = {
+    "sampling": st.one_of(st.sampled_from(SCHEDULES), LABEL),
+    "mechanism": st.one_of(st.sampled_from(MECHANISMS), LABEL),
+    "min_separation": SMALL_INT,
+    "max_participations": SMALL_INT,
+    "bands": SMALL_INT,
+    "buffers": SMALL_INT,
+    "estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL, st.sampled_from(EXTREMES)),
+    "sampling_rate": st.one_of(st.floats(0, 1), st.sampled_from(EXTREMES)),
+    "clients_per_round": SMALL_INT,
+    "clip": NUMBER,
+    "noise_multiplier": NUMBER,
+    "target_epsilon": NUMBER,
+    "max_epsilon": NUMBER,
+    "delta": st.one_of(st.sampled_from([1e-5, 1e-9, 0.5]), st.sampled_from(EXTREMES)),
+    "canaries": SMALL_INT,
+    "canary_confidence": NUMBER,
+    "adaptive_clip": st.one_of(st.booleans(), st.sampled_from(EXTREMES)),
+    "count_noise_multiplier": NUMBER,
+    "target_quantile": NUMBER,
+    "clip_lr": NUMBER,
+}
+#: the privacy section's fields that take numbers (a boolean there must be refused, not read as 1 or 0)
+NUMERIC = {k for k in NEW_PRIVACY if k not in ("sampling", "mechanism", "estimator", "adaptive_clip")}
+
+
+@st.composite
+def coherent_privacy(draw) -> dict:
+    """A privacy section that loads: a schedule, a mechanism it allows and that mechanism's options, noise or a
+    target epsilon, canaries where they are allowed, adaptive clipping where it is."""
+    schedule = draw(st.sampled_from(SCHEDULES))
+    scheduled = schedule in ("cyclic", "min-separation")
+    mechanism = draw(st.sampled_from(MECHANISMS if scheduled or schedule == "all" else ["independent"]))
+    p: dict = {"sampling": schedule, "mechanism": mechanism}
+    if schedule == "fixed":
+        p["clients_per_round"] = draw(st.integers(1, 30))
+    elif schedule in ("poisson", "min-separation") or (schedule == "cyclic" and draw(st.booleans())):
+        p["sampling_rate"] = draw(st.sampled_from([0.05, 0.2, 0.5, 1.0]))
+    if scheduled:
+        p["min_separation"] = draw(st.integers(1, 6))
+        if schedule == "min-separation" and draw(st.booleans()):
+            p["max_participations"] = draw(st.integers(1, 4))
+    if mechanism == "banded-mf" and draw(st.booleans()):
+        p["bands"] = draw(st.integers(1, p.get("min_separation", 1)))
+    if mechanism == "blt" and draw(st.booleans()):
+        p["buffers"] = draw(st.integers(1, 3))
+    if mechanism == "tree" and draw(st.booleans()):
+        p["estimator"] = draw(st.sampled_from(["standard", "honaker"]))
+    # calibration under a schedule or correlated noise (calibrating independent rounds, with its bisection, takes
+    # seconds an example; tests/privacy covers it)
+    if (scheduled or mechanism != "independent") and draw(st.booleans()):
+        p["target_epsilon"] = draw(st.sampled_from([1.0, 4.0]))
+        p["accountant"] = "rdp"  # calibrating by PLD takes seconds an example
+    else:
+        p["noise_multiplier"] = draw(st.sampled_from([0.0, 1e-6, 1.0, 1e6]))  # PLDs of a few points or none
+        p["accountant"] = draw(st.sampled_from(["pld", "rdp"]))
+    independent = mechanism == "independent" and not scheduled
+    if independent and schedule != "fixed" and draw(st.booleans()):
+        p["canaries"] = draw(st.integers(1, 3))
+    if independent and "target_epsilon" not in p and p.get("noise_multiplier") and draw(st.booleans()):
+        p["adaptive_clip"] = True
+        p["count_noise_multiplier"] = draw(st.sampled_from([None, 1e-6, 2.0, 1e6]))
+    return {k: v for k, v in p.items() if v is not None}
+
+
+@st.composite
+def new_privacy_sections(draw) -> dict:
+    """The quickstart scenario with a coherent privacy section (:func:`coherent_privacy`) whose values are then
+    replaced, none to three of them, by extreme floats, booleans, text or out-of-range numbers; a few rounds."""
+    doc = tomllib.loads(QUICKSTART.read_text())
+    privacy = doc["privacy"]
+    privacy.pop("sampling_rate")
+    privacy.update(draw(coherent_privacy()))
+    for key in draw(st.lists(st.sampled_from(sorted(NEW_PRIVACY)), max_size=3, unique=True)):
+        privacy[key] = draw(NEW_PRIVACY[key], label=key)
+    doc["rounds"] = draw(st.sampled_from([1, 3, 12]))
+    return doc
+
+
+def _load_doc(doc: dict) -> Scenario | ScenarioError:
+    from fedsim.scenarios.loader import format_validation_error
+
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as exc:  # what load_scenario turns into a ScenarioError, with the same message
+        return ScenarioError(format_validation_error(exc, "'fuzzed'"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=new_privacy_sections())
+def test_the_newer_privacy_options_load_or_are_refused_naming_the_field(doc):
+    """Any value of the schedule, mechanism, canary and adaptive-clipping options, extreme floats and booleans
+    included: a scenario or a ScenarioError, and a loaded scenario holds only what the accountants can use."""
+    from fedsim.validation import FLOAT32_MAX, NOISE_MULTIPLIER_RANGE
+
+    got = _load_doc(doc)
+    given_ = doc["privacy"]
+    booleans = sorted(k for k in NUMERIC if isinstance(given_.get(k), bool))
+    event("loaded" if isinstance(got, Scenario) else "refused")
+    if booleans:  # true is never read as 1 (canaries = true was one canary)
+        assert isinstance(got, ScenarioError), (booleans, got)
+        assert all(f"privacy.{k}: must be " in str(got) for k in booleans), got
+        return
+    if isinstance(got, ScenarioError):
+        assert "privacy" in str(got) and "Traceback" not in str(got), got
+        return
+    p = got.privacy
+    lo, hi = NOISE_MULTIPLIER_RANGE
+    assert p.noise_multiplier == 0 or lo <= p.noise_multiplier <= hi
+    assert p.count_noise_multiplier is None or lo <= p.count_noise_multiplier <= hi
+    assert p.clip * p.noise_multiplier <= FLOAT32_MAX and p.clip <= FLOAT32_MAX
+    assert type(p.canaries) is int and p.canaries >= 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(doc=new_privacy_sections())
+def test_what_loads_is_accounted_and_calibrated_or_refused_with_a_value_error(doc):
+    """What loads is taken as far as a run goes before its first round, without data or training: the strategy (the
+    sampler, the noise mechanism prepared for the run, the schedule's accounting), the calibration to
+    target_epsilon, and the certified epsilon after the last round. ``fedsim run`` turns a ValueError (a
+    PrivacyInputError among them) into exit 2 with its message; anything else (OverflowError, ZeroDivisionError,
+    MemoryError) would be a traceback."""
+    from fedsim.experiment import build_strategy, calibrated_noise_multiplier
+    from fedsim.privacy.accountants import epsilon_at
+    from fedsim.privacy.schedule import schedule_epsilon
+    from fedsim.validation import PrivacyInputError
+
+    got = _load_doc(doc)
+    if not isinstance(got, Scenario):
+        return
+    population = 90 + got.privacy.canaries
+    try:
+        strategy = build_strategy(got, population)
+        z = got.privacy.noise_multiplier
+        if got.privacy.target_epsilon is not None:
+            z = calibrated_noise_multiplier(strategy, population, got)
+        if strategy.accounting is not None:
+            eps = schedule_epsilon(
+                strategy.accounting, got.rounds, z, got.privacy.delta, got.privacy.accountant
+            )
+        else:
+            mech = strategy.mechanism(population).replace(noise_multiplier=z)
+            eps = epsilon_at(mech, got.rounds, got.privacy.delta, got.privacy.accountant)
+    except PrivacyInputError as exc:
+        event("refused (privacy)")
+        assert exc.field and exc.allowed, exc
+        return
+    except ValueError as exc:
+        event("refused")
+        assert str(exc).strip(), exc
+        return
+    event("accounted")
+    assert eps >= 0 or math.isnan(eps), eps
+    if got.privacy.target_epsilon is not None:
+        assert eps <= got.privacy.target_epsilon * (1 + 1e-6), (eps, got.privacy.target_epsilon)
+
+
+#: fedsim privacy's options for the privacy section's fields
+FLAG_OF = {
+    "sampling": "--schedule",
+    "mechanism": "--mechanism",
+    "sampling_rate": "--sampling-rate",
+    "clients_per_round": "--clients-per-round",
+    "min_separation": "--min-separation",
+    "max_participations": "--max-participations",
+    "bands": "--bands",
+    "buffers": "--buffers",
+    "estimator": "--estimator",
+    "noise_multiplier": "--noise-multiplier",
+    "target_epsilon": "--target-epsilon",
+}
+INT_TEXT = st.one_of(st.integers(-1, 8).map(str), st.sampled_from(EXTREME_TEXT))
+NEW_PRIVACY_FLAGS = {
+    "--schedule": st.one_of(st.sampled_from(SCHEDULES), LABEL),
+    "--mechanism": st.one_of(st.sampled_from(MECHANISMS), LABEL),
+    "--min-separation": INT_TEXT,
+    "--max-participations": INT_TEXT,
+    "--bands": INT_TEXT,
+    "--buffers": INT_TEXT,
+    "--clients-per-round": INT_TEXT,
+    "--estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL),
+    "--sampling-rate": st.sampled_from(EXTREME_TEXT),
+    "--noise-multiplier": st.sampled_from(EXTREME_TEXT),
+    "--clip": st.sampled_from(EXTREME_TEXT),
+    "--target-epsilon": st.sampled_from(EXTREME_TEXT),
+    "--delta": st.sampled_from(EXTREME_TEXT),
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    base=coherent_privacy(),
+    flags=st.dictionaries(st.sampled_from(sorted(NEW_PRIVACY_FLAGS)), st.just(None), max_size=2),
+    rounds=st.sampled_from(["1", "3", "12"]),
+    data=st.data(),
+)
+def test_fedsim_privacy_with_schedules_and_mechanisms_answers_or_exits_2(base, flags, rounds, data):
+    """``fedsim privacy`` with the schedule and mechanism options (a coherent set, then up to two of them, or the
+    clip or delta, replaced by extreme values, text or out-of-range numbers): a result or exit 2 with one line
+    naming the option, never a traceback (1e300 and 1e-300 were an OverflowError or a ZeroDivisionError, a target
+    epsilon out of reach dp-accounting's root-finder ValueError)."""
+    options = {FLAG_OF[k]: str(v) for k, v in base.items() if k in FLAG_OF}
+    for flag in flags:
+        options[flag] = data.draw(NEW_PRIVACY_FLAGS[flag], label=flag)
+    if "--sampling-rate" in options and "--clients-per-round" in options:  # argparse: one or the other
+        options.pop("--clients-per-round")
+    # PLDs (a second or so each) for one round only; the closed forms (igmm) must refuse a schedule
+    pld = rounds == "1" and "--target-epsilon" not in options and data.draw(st.booleans(), label="pld")
+    methods = ["pld", "igmm"] if pld else ["rdp"]
+    argv = ["privacy", "--json", "--population", "200", "--rounds", rounds, "--methods", *methods]
+    for flag, value in options.items():
+        argv += [flag, value]
+    code, _, err = _cli(argv)
+    event(f"exit {code}")
+    assert "Traceback" not in err, err
+    assert code in (0, EXIT_USAGE), (argv, code, err)
+    if code == EXIT_USAGE:  # one line naming the option (after argparse's usage, for what it refuses)
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("fedsim privacy: error: ") and "--" in last, err
 
 
 #: models (shipped and a user's) and data (shipped and a user's function) that fit each other or do not
@@ -276,12 +513,43 @@ def _quickstart_with(section: str, key: str, value) -> bytes:
         (_quickstart_with("engine", "bogus", 1), "engine.bogus: unknown key"),
         (_quickstart_with("client", "lr", 1e300), "client.lr"),
         (_quickstart_with("privacy", "max_epsilon", math.inf), "privacy.max_epsilon"),
+        (_quickstart_with("privacy", "noise_multiplier", 1e300), "privacy.noise_multiplier: must be 0 ("),
+        (_quickstart_with("privacy", "noise_multiplier", 1e-300), "or a number in [1e-06, 1e+06]"),
+        (_quickstart_with("privacy", "count_noise_multiplier", 1e-300), "privacy.count_noise_multiplier"),
+        (_quickstart_with("agnostic", "loss_noise_multiplier", 1e300), "agnostic.loss_noise_multiplier"),
+        (_quickstart_with("privacy", "clip", 1e300), "float32's largest number"),
+        (
+            _quickstart_with("privacy", "canaries", True),
+            "privacy.canaries: must be a whole number >= 0, not true",
+        ),
+        (
+            _quickstart_with("privacy", "sampling_rate", True),
+            "privacy.sampling_rate: must be a number in (0, 1]",
+        ),
+        (_quickstart_with("data", "domains", [True, 0.5]), "data.domains: must be a list of numbers"),
     ],
-    ids=["not-utf8", "truncated", "nan-clip", "unknown-key", "lr-beyond-float32", "inf-budget"],
+    ids=[
+        "not-utf8",
+        "truncated",
+        "nan-clip",
+        "unknown-key",
+        "lr-beyond-float32",
+        "inf-budget",
+        "noise-1e300",
+        "noise-1e-300",
+        "count-noise-1e-300",
+        "loss-noise-1e300",
+        "clip-1e300",
+        "canaries-true",
+        "rate-true",
+        "domains-with-true",
+    ],
 )
 def test_inputs_the_fuzzer_found_or_must_keep_covering(tmp_path, data, named):
     """Each was a traceback or an accepted value before: bytes that are not UTF-8 (UnicodeDecodeError), a step
-    size float32 cannot hold (every client then failed in training), inf in a float field."""
+    size float32 cannot hold (every client then failed in training), inf in a float field, a noise multiplier of
+    1e300 or 1e-300 (an OverflowError or ZeroDivisionError in the first round's accounting), a clip whose noise std
+    overflows, and true where a number is expected (canaries = true was one canary)."""
     got = _load(tmp_path, data)
     assert isinstance(got, ScenarioError) and named in str(got), got
 

@@ -14,7 +14,10 @@ from fedsim.privacy.accountants import (
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.mechanism import Mechanism
 
-__all__ = ["calibrate_all", "calibrate_noise"]
+__all__ = ["CALIBRATION_RANGE", "calibrate_all", "calibrate_noise"]
+
+#: the noise multipliers :func:`calibrate_noise` searches by default (least, most)
+CALIBRATION_RANGE = (0.05, 1e4)
 
 
 def calibrate_noise(
@@ -24,8 +27,8 @@ def calibrate_noise(
     rounds: int,
     method: str = "pld",
     *,
-    z_min: float = 0.05,
-    z_max: float = 1e4,
+    z_min: float = CALIBRATION_RANGE[0],
+    z_max: float = CALIBRATION_RANGE[1],
     rel_tol: float = 1e-3,
 ) -> float | None:
     """Smallest noise multiplier (to ``rel_tol``) with epsilon after ``rounds`` rounds <= target.
@@ -39,7 +42,7 @@ def calibrate_noise(
         target = float(target_epsilon)
     except (TypeError, ValueError):
         raise PrivacyInputError("target_epsilon", target_epsilon, "must be a positive number") from None
-    if not (target > 0 and math.isfinite(target)):
+    if isinstance(target_epsilon, bool) or not (target > 0 and math.isfinite(target)):
         raise PrivacyInputError("target_epsilon", target_epsilon, "must be a positive finite number")
     delta = validate_delta(delta)
     rounds = validate_rounds(rounds)
