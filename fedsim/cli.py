@@ -112,7 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     task = progress.add_task("starting engine", total=scenario.rounds)
 
     def on_row(row: dict[str, Any]) -> None:
-        progress.console.print(format_row(row, scenario.rounds))
+        # no markup: the row's "[non-private: ...]" group is text, not a rich tag
+        progress.console.print(format_row(row, scenario.rounds), markup=False)
         progress.update(task, completed=row["round"], description=f"round {row['round']}")
 
     try:
@@ -175,11 +176,28 @@ def describe_empirical(emp: dict[str, Any]) -> str:
     def fmt(v: Any) -> str:
         return "none" if v is None else f"{v:.3g}"
 
+    conf = emp["confidence"]
+
+    def andrew(stat: str) -> str:
+        # the estimate, its confidence interval and its resolution at this canary count (rows written before these
+        # were measured have none: the estimate alone)
+        text = fmt(emp.get(f"andrew_epsilon_{stat}"))
+        if f"andrew_epsilon_{stat}_ci_low" in emp:
+            text += (
+                f" [{conf:.0%} CI {fmt(emp.get(f'andrew_epsilon_{stat}_ci_low'))}, "
+                f"{fmt(emp.get(f'andrew_epsilon_{stat}_ci_high'))}; resolution "
+                f"{fmt(emp.get(f'andrew_resolution_{stat}'))}]"
+            )
+        return text
+
+    ceiling = emp.get("steinke_epsilon_ceiling")
+    m = emp["canaries_inserted"] + emp["canaries_held_out"]
+    most = "" if ceiling is None else f" (ceiling {fmt(ceiling)}: the most {m} canary directions can show)"
     return (
         f"empirical (canaries, {emp['canaries_inserted']} inserted, {emp['canaries_held_out']} held out; estimates, "
-        f"not certificates): Andrew et al. epsilon estimate {fmt(emp.get('andrew_epsilon_all_rounds'))} "
-        f"(all rounds), {fmt(emp.get('andrew_epsilon_final'))} (final model); Steinke et al. lower bound "
-        f"{fmt(emp.get('steinke_epsilon_lower_bound'))} at {emp['confidence']:.0%} confidence"
+        f"not certificates): Andrew et al. epsilon estimate {andrew('all_rounds')} (all rounds), "
+        f"{andrew('final')} (final model); Steinke et al. lower bound "
+        f"{fmt(emp.get('steinke_epsilon_lower_bound'))} at {conf:.0%} confidence{most}"
     )
 
 

@@ -217,7 +217,10 @@ def resume_run(
     older fedsim) runs its rounds after its last checkpoint again, with the same cohorts and noise, and its rows
     up to its old end are kept as they were written. Rounds 1..M of the extended run, its ledger and
     its model are then those of a run of M rounds from scratch, except that the old last row carries the
-    evaluation every run does at its end (with ``engine.eval_every > 1``).
+    evaluation every run does at its end (with ``engine.eval_every > 1``). Two kinds of run are not extended
+    (:class:`CheckpointError`, nothing changed): one calibrated to ``privacy.target_epsilon`` (its noise multiplier
+    reaches the target after its own rounds: more would spend more), and one whose mechanism optimised its noise
+    for the planned rounds (``banded-mf``, ``blt``: :func:`extension_refusal`); tree aggregation extends.
 
     A finished run with no more rounds asked for raises :class:`AlreadyFinished` and changes nothing.
     """
@@ -298,12 +301,11 @@ def resume_run(
             f"{scenario.privacy.target_epsilon} over {old} rounds; more rounds would spend more than that target. "
             "Start a new run with rounds and target_epsilon set together; nothing was changed"
         )
-    if target > old and NOISE_SOURCES[scenario.privacy.mechanism or "independent"].correlated:
-        raise CheckpointError(
-            f"rounds={target}: mechanism {scenario.privacy.mechanism!r} fixed its strategy matrix for {old} rounds, "
-            f"so {target} rounds from here would not be the run that rounds={target} gives from scratch (whose "
-            "strategy is optimised for its own rounds). Start a new run; nothing was changed"
-        )
+    why = (
+        extension_refusal(scenario.privacy.mechanism or "independent", old, target) if target > old else None
+    )
+    if why:
+        raise CheckpointError(f"rounds={target}: {why}. Start a new run; nothing was changed")
     if target > old:
         try:
             extended = load_scenario(str(config), [f"rounds={target}"])
@@ -351,6 +353,21 @@ def resume_run(
         writer.write_plots()  # drawn from metrics.jsonl
     final_checkpoint(writer, result, extended)
     return result
+
+
+def extension_refusal(mechanism: str, old: int, target: int) -> str | None:
+    """Why a run of ``old`` rounds with noise ``mechanism`` cannot be extended to ``target`` rounds as the run of
+    ``target`` rounds from scratch, or None if it can: the mechanism's own ``fixed_for_rounds`` says what it fixed
+    for the planned rounds (independent noise and tree aggregation fix nothing)."""
+    source = NOISE_SOURCES.get(mechanism)
+    fixed = getattr(source, "fixed_for_rounds", None) if getattr(source, "correlated", False) else None
+    if fixed is None:
+        return None
+    return (
+        f"mechanism {mechanism!r} optimised {fixed} for the {old} rounds planned, and the checkpoint keeps them, so "
+        f"{target} rounds from here would add noise optimised for {old} rounds, not the run that rounds={target} "
+        f"gives from scratch (optimised for {target} rounds)"
+    )
 
 
 def _rounds(value: Any) -> int:

@@ -21,7 +21,9 @@ Public API::
     gaussian_hockey_stick, gaussians_delta, gaussians_epsilon  # divergence of two Gaussians
     gaussian_mechanism_mu                                       # mean gap of an exact (eps, delta) mechanism
     random_unit_directions, canary_cosines, andrew_estimate     # Andrew et al. 2024
+    andrew_interval, andrew_null                                # its confidence interval, resolution and floor
     one_run_p_value, one_run_lower_bound, one_run_audit         # Steinke et al. 2023
+    one_run_ceiling, one_run_canaries_needed                    # the largest bound m canaries can give
     gaussian_mechanism_scores                                   # scores of an exact Gaussian mechanism
 
 Only numpy and scipy are used (no torch): the inputs are arrays the caller has already computed.
@@ -29,6 +31,7 @@ Only numpy and scipy are used (no torch): the inputs are arrays the caller has a
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +44,8 @@ from fedsim.validation import PrivacyInputError
 
 __all__ = [
     "andrew_estimate",
+    "andrew_interval",
+    "andrew_null",
     "canary_cosines",
     "gaussian_hockey_stick",
     "gaussian_mechanism_mu",
@@ -48,6 +53,8 @@ __all__ = [
     "gaussians_delta",
     "gaussians_epsilon",
     "one_run_audit",
+    "one_run_canaries_needed",
+    "one_run_ceiling",
     "one_run_lower_bound",
     "one_run_p_value",
     "random_unit_directions",
@@ -206,14 +213,17 @@ def gaussians_delta(mu0: float, s0: float, mu1: float, s1: float, epsilon: float
     )
 
 
-def gaussians_epsilon(mu0: float, s0: float, mu1: float, s1: float, delta: float) -> float:
+def gaussians_epsilon(
+    mu0: float, s0: float, mu1: float, s1: float, delta: float, *, xtol: float = 1e-13
+) -> float:
     """The smallest ``eps >= 0`` with ``max(delta_{P1||P0}(eps), delta_{P0||P1}(eps)) <= delta``.
 
     ``P0 = N(mu0, s0^2)``, ``P1 = N(mu1, s1^2)``; this is the epsilon of distinguishing the two fitted
     Gaussians that Andrew et al. (2024, Section 3, estimating epsilon from the canary cosines) report. For
     equal variances it is the epsilon of the Gaussian mechanism with noise multiplier ``s / |mu1 - mu0|``
     (Balle and Wang 2018, Theorem 8). The divergence (:func:`gaussians_delta`) is non-increasing in ``eps``;
-    the root is bracketed by doubling and found with :func:`scipy.optimize.brentq` (tolerance 1e-13 in eps).
+    the root is bracketed by doubling and found with :func:`scipy.optimize.brentq` (tolerance ``xtol`` in eps,
+    1e-13 unless a caller that needs fewer digits, such as :func:`andrew_null`'s hundreds of draws, asks).
 
     Returns 0.0 when ``eps = 0`` already gives at most ``delta`` (e.g. identical Gaussians) and ``math.inf``
     when no finite epsilon does (a zero standard deviation, unless both are zero with equal means).
@@ -235,7 +245,7 @@ def gaussians_epsilon(mu0: float, s0: float, mu1: float, s1: float, delta: float
         lo, hi = hi, 2.0 * hi
         if hi > _EPS_SEARCH_MAX:
             return math.inf
-    return float(optimize.brentq(excess, lo, hi, xtol=1e-13, rtol=4 * np.finfo(float).eps, maxiter=500))
+    return float(optimize.brentq(excess, lo, hi, xtol=xtol, rtol=4 * np.finfo(float).eps, maxiter=500))
 
 
 def gaussian_mechanism_mu(epsilon: float, delta: float) -> float:
@@ -344,6 +354,141 @@ def andrew_estimate(inserted_cosines: Any, heldout_cosines: Any, delta: float) -
     }
 
 
+def andrew_interval(
+    inserted_cosines: Any, heldout_cosines: Any, delta: float, confidence: float = 0.95
+) -> dict[str, float]:
+    """A confidence interval for the epsilon that :func:`andrew_estimate` estimates: the epsilon at ``delta`` of
+    the two Gaussians the cosines are drawn from (Andrew et al.'s model), from the sampling distributions of the
+    fitted parameters.
+
+    For each set of ``n`` cosines the mean lies in ``mean +- t_{n-1} sd / sqrt(n)`` and the standard deviation in
+    ``sd sqrt((n - 1) / chi2_{n-1})`` (Student's t and chi-square quantiles, exact for Gaussian samples), each at
+    ``1 - (1 - confidence) / 4`` (Bonferroni over the four parameters), so the true four lie in the box with
+    probability at least ``confidence``; the interval is the smallest and the largest epsilon over the box (the
+    projection of a confidence region, so its coverage is at least ``confidence`` whatever the estimate's bias).
+    The epsilon grows with the mean gap (at fixed standard deviations), so the low end takes the smallest gap in
+    the box and the high end the largest; over the two standard deviations the extreme is taken on a 5 x 5 grid
+    (corners included, and the equal-deviation point where the two intervals overlap) and refined by
+    Nelder-Mead within the box.
+
+    Why not a bootstrap of the estimate: a percentile interval is centred on the plug-in estimate, which is
+    biased upwards (fitted variances are never equal, and at small delta a small mismatch is worth a large
+    epsilon), so it would sit above the truth; this interval covers the truth, and costs the same for 100 or
+    10,000 canaries (it needs only the four fitted parameters). It is as good as the Gaussian model of the
+    cosines. Returns ``{"low", "high", "confidence"}``; ``high`` is ``math.inf`` where no finite epsilon bounds
+    the box (a zero standard deviation, or past the search range).
+    """
+    x_in = _sample("inserted_cosines", inserted_cosines)
+    x_out = _sample("heldout_cosines", heldout_cosines)
+    delta = _delta_open("delta", delta)
+    conf = _confidence(confidence)
+    a = (1.0 - conf) / 4.0
+    boxes, fitted = [], []
+    for x in (x_in, x_out):
+        n, mu, sd = x.size, float(np.mean(x)), float(np.std(x, ddof=1))
+        half = float(stats.t.ppf(1.0 - a / 2.0, n - 1)) * sd / math.sqrt(n)
+        sd_lo = sd * math.sqrt((n - 1) / float(stats.chi2.ppf(1.0 - a / 2.0, n - 1)))
+        sd_hi = sd * math.sqrt((n - 1) / float(stats.chi2.ppf(a / 2.0, n - 1)))
+        boxes.append(((mu - half, mu + half), (sd_lo, sd_hi)))
+        fitted.append(sd)
+    (m_in, s_in), (m_out, s_out) = boxes
+    at = (fitted[1], fitted[0])  # the fitted deviations (out, in): the interval holds the estimate itself
+    gap_lo, gap_hi = m_in[0] - m_out[1], m_in[1] - m_out[0]
+    gap_min = 0.0 if gap_lo <= 0.0 <= gap_hi else min(abs(gap_lo), abs(gap_hi))
+    gap_max = max(abs(gap_lo), abs(gap_hi))
+    if min(s_in[0], s_out[0]) <= 0.0:  # a sample of equal cosines: a point mass, no finite epsilon
+        low = gaussians_epsilon(0.0, s_out[1], gap_min, s_in[1], delta)
+        return {"low": low, "high": math.inf, "confidence": conf}
+    return {
+        "low": _box_extreme(gap_min, s_out, s_in, delta, lowest=True, also=at),
+        "high": _box_extreme(gap_max, s_out, s_in, delta, lowest=False, also=at),
+        "confidence": conf,
+    }
+
+
+def _box_extreme(
+    gap: float,
+    s0: tuple[float, float],
+    s1: tuple[float, float],
+    delta: float,
+    *,
+    lowest: bool,
+    also: tuple[float, float],
+) -> float:
+    """The smallest (``lowest``) or largest epsilon of ``N(0, a^2)`` against ``N(gap, b^2)`` over ``a`` in
+    ``s0``, ``b`` in ``s1``: a 5 x 5 geometric grid, the point ``also`` (the fitted deviations) and, for the
+    smallest, the equal point; then Nelder-Mead in log coordinates from the best of them."""
+    sign = 1.0 if lowest else -1.0
+
+    def f(p: np.ndarray) -> float:
+        e = gaussians_epsilon(0.0, math.exp(p[0]), gap, math.exp(p[1]), delta, xtol=1e-6)
+        return sign * (e if math.isfinite(e) else 2.0 * _EPS_SEARCH_MAX)
+
+    bounds = [(math.log(s0[0]), math.log(s0[1])), (math.log(s1[0]), math.log(s1[1]))]
+    points = [np.array([x, y]) for x in np.linspace(*bounds[0], 5) for y in np.linspace(*bounds[1], 5)]
+    points.append(np.clip(np.log(np.array(also)), [b[0] for b in bounds], [b[1] for b in bounds]))
+    overlap = min(s0[1], s1[1])
+    if lowest and max(s0[0], s1[0]) <= overlap:  # equal deviations, as large as the box allows
+        points.append(np.array([math.log(overlap), math.log(overlap)]))
+    values = [f(p) for p in points]
+    best = int(np.argmin(values))
+    value = values[best]
+    if (lowest and value > 0.0) or (not lowest and value > -2.0 * _EPS_SEARCH_MAX):
+        res = optimize.minimize(
+            f,
+            points[best],
+            method="Nelder-Mead",
+            bounds=bounds,
+            options={"xatol": 1e-4, "fatol": 1e-4, "maxfev": 60},
+        )
+        value = min(value, float(res.fun))
+    eps = sign * value
+    return math.inf if eps >= 2.0 * _EPS_SEARCH_MAX else float(eps)
+
+
+def andrew_null(
+    inserted_cosines: Any,
+    heldout_cosines: Any,
+    delta: float,
+    confidence: float = 0.95,
+    draws: int = 200,
+    rng: np.random.Generator | int | None = 0,
+) -> dict[str, float | int]:
+    """What :func:`andrew_estimate` returns at this canary count when the canaries reveal nothing: its
+    resolution and its floor.
+
+    The inserted and held-out labels are shuffled over the pooled cosines ``draws`` times (the same scores, the
+    same set sizes, labels that carry no information by construction) and the estimate recomputed. ``median``
+    is the estimate's floor with honest null cosines of this count (its bias: it is never 0); ``resolution``
+    its ``confidence`` quantile, the smallest estimate that a run revealing nothing gives with probability at
+    most ``1 - confidence``: estimates at or below it cannot be told from no privacy loss at all with this many
+    canaries. Shuffling keeps the scores' own shape (the all-rounds statistic is a maximum over rounds, not a
+    Gaussian), which a Gaussian null would not. ``rng``: a Generator or a seed (fixed by default, so a row is
+    reproducible). Returns ``{"median", "resolution", "draws"}``.
+    """
+    x_in = _sample("inserted_cosines", inserted_cosines)
+    x_out = _sample("heldout_cosines", heldout_cosines)
+    delta = _delta_open("delta", delta)
+    conf = _confidence(confidence)
+    draws = _int("draws", draws, 1)
+    gen = np.random.default_rng(rng)
+    pooled = np.concatenate([x_in, x_out])
+    n_in = x_in.size
+    eps = np.empty(draws)
+    for i in range(draws):
+        shuffled = gen.permutation(pooled)
+        a, b = shuffled[:n_in], shuffled[n_in:]
+        # 4 decimals are plenty for a quantile of a few hundred draws (and make each draw ~3x cheaper)
+        eps[i] = gaussians_epsilon(
+            float(b.mean()), float(b.std(ddof=1)), float(a.mean()), float(a.std(ddof=1)), delta, xtol=1e-4
+        )
+    return {
+        "median": float(np.median(eps)),
+        "resolution": float(np.quantile(eps, conf)),
+        "draws": draws,
+    }
+
+
 # ----------------------------------------------------------------------------------- Steinke et al. 2023
 
 
@@ -380,10 +525,43 @@ def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> flo
     beta = float(stats.binom.sf(v - 1, r, q))
     if d == 0.0:
         return min(1.0, beta)
-    ks = np.arange(v - 1, -1, -1)  # v-1, v-2, ..., 0
-    window = np.cumsum(stats.binom.pmf(ks, r, q))  # window[i-1] = P[v - i <= W < v]
-    alpha = float(np.max(window / np.arange(1, v + 1)))
+    alpha = float(_alphas(r, v, np.array([q]))[0])
     return min(1.0, beta + alpha * 2.0 * m * d)
+
+
+#: how far below the binomial's mode (in standard deviations, plus a few terms) the delta term's cumulative sum is
+#: taken before the rest of it is shown not to matter (:func:`_alphas`)
+_ALPHA_SDS = 12.0
+
+
+def _alphas(r: int, v: int, q: np.ndarray) -> np.ndarray:
+    """``alpha = max_{i = 1..v} P[v - i <= W < v] / i`` (``W ~ Binomial(r, q)``) for each ``q``, ``v >= 1``: the
+    delta term of :func:`one_run_p_value`, with ``P[v - i <= W < v]`` the cumulative sum of the pmf from ``v - 1``
+    down (``window[i-1]``).
+
+    The sum is taken over the first ``L`` terms only, down to about 12 standard deviations below the mode, where
+    the rest of the mass is negligible; it is then *checked* that no ``i > L`` can win: ``window[i-1] <=
+    P[W < v]``, so ``window[i-1] / i < P[W < v] / (L + 1)``, and where the best of the first ``L`` ratios is at
+    least that (with a margin for rounding) it is the maximum; elsewhere (rare) every term is summed. A prefix of
+    a cumulative sum is computed as in the full sum, so the value is the full computation's, bit for bit, at
+    ``O(L)`` instead of ``O(v)`` cost: thousands of canaries with all guesses right cost tens of terms, not
+    thousands."""
+    q = np.asarray(q, dtype=float)
+    mode = np.floor((r + 1) * q)
+    sd = np.sqrt(r * q * (1.0 - q))
+    need = np.ceil((v - 1) - (mode - _ALPHA_SDS * sd - _ALPHA_SDS)) + 1
+    length = int(np.clip(np.max(need, initial=1.0), 1, v))
+    ks = np.arange(v - 1, v - 1 - length, -1)  # v-1, v-2, ..., v-length
+    window = np.cumsum(stats.binom.pmf(ks[None, :], r, q[:, None]), axis=1)
+    alpha = np.max(window / np.arange(1, length + 1), axis=1)
+    if length < v:
+        below_v = stats.binom.cdf(v - 1, r, q)  # P[W < v] >= every window, computed without cancellation
+        unsure = np.flatnonzero(alpha < below_v * (1.0 + 1e-9) / (length + 1))
+        if unsure.size:
+            ks = np.arange(v - 1, -1, -1)
+            full = np.cumsum(stats.binom.pmf(ks[None, :], r, q[unsure, None]), axis=1)
+            alpha[unsure] = np.max(full / np.arange(1, v + 1), axis=1)
+    return alpha
 
 
 def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
@@ -405,7 +583,19 @@ def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float 
     d = _finite("delta", delta)
     if not 0.0 <= d <= 1.0:
         raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
-    level = 1.0 - _confidence(confidence)
+    return _lower_bound(m, r, v, d, 1.0 - _confidence(confidence))
+
+
+#: grid points of the lower bound's scan evaluated together (the scan stops at the first block with a crossing)
+_GRID_BLOCK = 32
+
+
+@functools.lru_cache(maxsize=4096)
+def _lower_bound(m: int, r: int, v: int, d: float, level: float) -> float:
+    """:func:`one_run_lower_bound` on validated arguments (cached: the rounds of a run repeat the same counts).
+    The 256-point grid is scanned with :func:`_p_values` (every grid point of a block in one pmf call), which
+    computes each grid point's p-value exactly as :func:`one_run_p_value` does, so the first grid cell over the
+    level, and hence the answer, is the scalar scan's."""
 
     def excess(eps: float) -> float:
         return one_run_p_value(m, r, v, eps, d) - level
@@ -421,16 +611,56 @@ def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float 
         hi *= 2.0
     eps_beta = float(optimize.brentq(beta_excess, 0.0, hi, xtol=1e-12))
     grid = np.linspace(0.0, eps_beta, 257)
-    prev = 0.0
-    for eps in grid[1:]:
-        if excess(float(eps)) > 0.0:
-            root = float(optimize.brentq(excess, prev, float(eps), xtol=1e-12))
-            # brentq may land just past the crossing: step back so that the bound itself is rejected
-            while root > prev and excess(root) > 0.0:
-                root = max(prev, root - 1e-12 * max(1.0, root))
-            return root
-        prev = float(eps)
-    return eps_beta  # p <= level on the whole grid, and beta (<= p) reaches the level at eps_beta
+    first = _first_over(m, r, v, grid[1:], d, level)
+    if first is None:
+        return eps_beta  # p <= level on the whole grid, and beta (<= p) reaches the level at eps_beta
+    prev, eps = float(grid[first]), float(grid[first + 1])
+    root = float(optimize.brentq(excess, prev, eps, xtol=1e-12))
+    # brentq may land just past the crossing: step back so that the bound itself is rejected
+    while root > prev and excess(root) > 0.0:
+        root = max(prev, root - 1e-12 * max(1.0, root))
+    return root
+
+
+def _first_over(m: int, r: int, v: int, eps: np.ndarray, d: float, level: float) -> int | None:
+    """The index of the first of ``eps`` whose p-value (:func:`one_run_p_value`) exceeds ``level``, or None: the
+    grid scan of :func:`one_run_lower_bound`, in blocks of points evaluated together (:func:`_p_values`).
+
+    Most points are decided without the delta term's sum: its ``alpha`` lies between ``pmf(v - 1)`` (the
+    ``i = 1`` term, which the maximum includes) and the largest ``pmf(j)``, ``j < v`` (each ratio is a mean of
+    pmf terms), so a point whose lower estimate of the p-value is over the level is over, and one whose upper
+    estimate is not is not; the exact p-value (the same arithmetic as :func:`one_run_p_value`) is computed only
+    for the points left between (far from the crossing the exact sum would be long: near ``eps = 0`` the mass
+    lies ``v / 2`` terms below ``v``)."""
+    q = expit(np.asarray(eps, dtype=float))
+    if d == 0.0:
+        over = np.flatnonzero(np.minimum(1.0, stats.binom.sf(v - 1, r, q)) > level)
+        return int(over[0]) if over.size else None
+    beta = stats.binom.sf(v - 1, r, q)
+    c = 2.0 * m * d
+    p_low = np.minimum(1.0, beta + stats.binom.pmf(v - 1, r, q) * c)
+    mode = np.floor((r + 1) * q).astype(np.int64)  # the largest pmf term below v is at min(mode, v - 1)
+    top = np.max([stats.binom.pmf(np.clip(mode + s, 0, v - 1), r, q) for s in (-1, 0, 1)], axis=0)
+    p_high = beta + top * (1.0 + 1e-9) * c  # +-1 and the margin: the mode and the sums as rounded
+    sure = np.flatnonzero(p_low > level)
+    end = int(sure[0]) if sure.size else q.size
+    undecided = np.flatnonzero(p_high[:end] > level)
+    for start in range(0, undecided.size, _GRID_BLOCK):
+        idx = undecided[start : start + _GRID_BLOCK]
+        over = np.flatnonzero(_p_values(m, r, v, eps[idx], d) > level)
+        if over.size:
+            return int(idx[over[0]])
+    return end if sure.size else None
+
+
+def _p_values(m: int, r: int, v: int, eps: np.ndarray, d: float) -> np.ndarray:
+    """:func:`one_run_p_value` at every epsilon of ``eps`` (validated arguments, ``v >= 1``), the same arithmetic
+    elementwise: one binomial pmf call for all of them instead of one per point."""
+    q = expit(np.asarray(eps, dtype=float))
+    beta = stats.binom.sf(v - 1, r, q)
+    if d == 0.0:
+        return np.minimum(1.0, beta)
+    return np.minimum(1.0, beta + _alphas(r, v, q) * 2.0 * m * d)
 
 
 def _default_guesses(m: int) -> tuple[int, ...]:
@@ -477,20 +707,35 @@ def one_run_audit(
     d = _finite("delta", delta)
     if not 0.0 <= d <= 1.0:
         raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
+    cands = _candidates(m, guesses)
+    order = np.argsort(s, kind="stable")  # ascending
+    counts = []
+    for r in cands:
+        n_in, n_out = (r + 1) // 2, r // 2
+        top = order[m - n_in :]
+        bottom = order[:n_out]
+        counts.append((r, int(np.count_nonzero(inc[top]) + np.count_nonzero(~inc[bottom]))))
+    return _audit_result(m, counts, d, conf)
+
+
+def _candidates(m: int, guesses: Sequence[int] | None) -> tuple[int, ...]:
+    """The audit's candidate numbers of guesses (validated, deduplicated, sorted): ``guesses`` or the default."""
     if guesses is None:
         cands = _default_guesses(m)
     else:
         cands = tuple(sorted({_int("guesses", g, 1, m, f"m = {m}") for g in guesses}))
     if not cands:
         raise PrivacyInputError("guesses", guesses, f"must hold at least one number of guesses in 1..{m}")
-    per_conf = 1.0 - (1.0 - conf) / len(cands)
-    order = np.argsort(s, kind="stable")  # ascending
+    return cands
+
+
+def _audit_result(m: int, counts: Sequence[tuple[int, int]], d: float, conf: float) -> dict[str, Any]:
+    """The audit's answer from each candidate's ``(guesses, correct)``: every candidate's bound at the
+    Bonferroni confidence, the largest of them at ``conf`` overall (shared by :func:`one_run_audit` and
+    :func:`one_run_ceiling`, so the ceiling is computed exactly as the bound is)."""
+    per_conf = 1.0 - (1.0 - conf) / len(counts)
     results = []
-    for r in cands:
-        n_in, n_out = (r + 1) // 2, r // 2
-        top = order[m - n_in :]
-        bottom = order[:n_out]
-        v = int(np.count_nonzero(inc[top]) + np.count_nonzero(~inc[bottom]))
+    for r, v in counts:
         eps = one_run_lower_bound(m, r, v, d, per_conf)
         results.append({"guesses": r, "correct": v, "confidence": per_conf, "epsilon_lower_bound": eps})
     best = max(results, key=lambda c: c["epsilon_lower_bound"])  # max keeps the first on ties
@@ -502,6 +747,81 @@ def one_run_audit(
         "m": m,
         "candidates": results,
     }
+
+
+def one_run_ceiling(
+    m: int,
+    delta: float,
+    confidence: float = 0.95,
+    guesses: Sequence[int] | None = None,
+    included: Any = None,
+) -> dict[str, Any]:
+    """The largest lower bound :func:`one_run_audit` can return with ``m`` canaries at ``confidence``: its
+    answer when every guess it can get right is right (the same candidates, Bonferroni correction and delta
+    term, computed by the same code).
+
+    Without ``included``: every candidate's ``r`` guesses all right (``correct = r``), the ceiling before the
+    canaries' coins are tossed. With ``included`` (the run's inserted canaries, ``m`` booleans): the audit itself
+    on perfect scores (every inserted canary above every other), the ceiling of this run: where fewer than
+    ``ceil(r/2)`` canaries were inserted (or fewer than ``floor(r/2)`` left out) not all ``r`` guesses can be
+    right, since the guessing rule splits them evenly. No score can do better (each candidate's count of
+    correct guesses is then as large as it can be, and the bound grows with it), so a certified epsilon above
+    this ceiling cannot be refuted by this audit, whatever the mechanism did. Returns :func:`one_run_audit`'s
+    dictionary.
+    """
+    m = _int("m", m, 1)
+    if included is not None:
+        inc = np.asarray(included)
+        if inc.shape != (m,):
+            raise PrivacyInputError("included", f"array of shape {inc.shape}", f"must have the shape ({m},)")
+        return one_run_audit(inc.astype(float), inc, delta, confidence, guesses)
+    conf = _confidence(confidence)
+    d = _finite("delta", delta)
+    if not 0.0 <= d <= 1.0:
+        raise PrivacyInputError("delta", delta, "must be a number with 0 <= delta <= 1")
+    return _audit_result(m, [(r, r) for r in _candidates(m, guesses)], d, conf)
+
+
+def one_run_canaries_needed(
+    epsilon: float, delta: float, confidence: float = 0.95, start: int = 16, most: int = 1 << 22
+) -> dict[str, Any]:
+    """How many canaries (``m`` directions: ``privacy.canaries = m / 2``) :func:`one_run_audit` needs before its
+    ceiling (:func:`one_run_ceiling`, every guess right, default candidates) reaches ``epsilon``, if any number
+    does.
+
+    The delta term grows with ``m`` (``2 m delta`` in the p-value), so the ceiling does not grow without end: it
+    rises like ``log m`` and then falls once ``m delta`` is no longer small (at ``delta = 1e-5`` and 95% it
+    peaks near 6.6, at about 6,400 canaries). The ceiling is computed (exactly, by the audit's own code) at
+    ``start`` doubled until it reaches ``epsilon``, falls, or passes ``most``; a crossing is then narrowed by
+    bisection to the smallest count (to 1%). Returns ``{"canaries": m or None, "peak": the largest ceiling seen,
+    "peak_canaries": where}``; ``canaries`` is None when no count up to ``most`` reaches ``epsilon``.
+    """
+    eps = float(epsilon)
+    if math.isnan(eps) or eps < 0:
+        raise PrivacyInputError("epsilon", epsilon, "must be a number >= 0")
+    conf = _confidence(confidence)
+    m = _int("start", start, 1)
+
+    def ceiling(n: int) -> float:
+        return float(one_run_ceiling(n, delta, conf)["epsilon_lower_bound"])
+
+    prev_m, prev_c = None, -math.inf
+    peak, peak_m = -math.inf, m
+    while m <= most:
+        c = ceiling(m)
+        if c > peak:
+            peak, peak_m = c, m
+        if c >= eps:
+            lo, hi = (prev_m or 1), m  # ceiling(lo) < eps <= ceiling(hi)
+            while hi - lo > max(1, hi // 100):
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if ceiling(mid) >= eps else (mid, hi)
+            return {"canaries": hi, "peak": peak, "peak_canaries": peak_m}
+        if c < prev_c:  # past the peak: more canaries only lower it
+            break
+        prev_m, prev_c = m, c
+        m *= 2
+    return {"canaries": None, "peak": peak, "peak_canaries": peak_m}
 
 
 def gaussian_mechanism_scores(

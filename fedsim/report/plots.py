@@ -28,7 +28,9 @@ Every round axis has integer ticks, every legend sits outside its axes, and a ti
 sweep's ``setting/seed<k>`` is wrapped at its commas, never cut). Each ``figure_*`` function returns the
 matplotlib figure (for tests and notebooks); ``plot_*`` saves it.
 
-Overlays (several runs): held-out accuracy and certified epsilon per round, one line per run.
+Overlays (several runs): held-out accuracy and certified epsilon per round, one line per run, whose legend entry
+gives the run's certified epsilon after its last round (delta, accountant, noise mechanism and sampling) or says it
+is not private.
 """
 
 from __future__ import annotations
@@ -385,6 +387,7 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
             drawn = True
         elif rows:
             ax.plot([], [], style, label=label + ": undefined at every round")
+    band = None  # privacy.canaries: draws the Andrew et al. estimate's confidence band once the axis is set
     for key, label, style in (
         ("andrew_epsilon_all_rounds", "Andrew et al. estimate, all rounds (canaries; an estimate)", "^-"),
         ("steinke_epsilon_lower_bound", "Steinke et al. lower bound (canaries; measured)", "v-"),
@@ -392,10 +395,15 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
         v = _column(rows, key, "empirical_privacy")
         good = np.isfinite(v) & (v > 0)
         if good.any():
-            ax.plot(r[good], v[good], style, ms=4, lw=1, label=label)
+            line = ax.plot(r[good], v[good], style, ms=4, lw=1, label=label)[0]
             drawn = True
+            if key == "andrew_epsilon_all_rounds":
+                band = _andrew_band(ax, rows, r, line.get_color())
+    drawn = _canary_limits(ax, rows, r) or drawn
     if drawn:
         ax.set_yscale("log")
+        if band is not None:  # the estimate's confidence band, its low end clipped to the log axis
+            band()
         _log_ticks(ax.yaxis)
         ax.set_ylabel(f"epsilon at delta = {delta:g} (log scale)")
     else:  # a log axis with nothing on it would show made-up ticks
@@ -404,6 +412,66 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
         _message(ax, f"no finite epsilon at delta = {delta:g} at any round ({_span(r)}): nothing to draw")
     _legend(ax)
     return fig
+
+
+def _andrew_band(ax: Axes, rows: list[dict[str, Any]], r: np.ndarray, color: Any) -> Any:
+    """The Andrew et al. estimate's confidence interval (``andrew_epsilon_all_rounds_ci_low/high``) as a band,
+    and its resolution at the run's canary count as a dotted line; returns the function that draws the band
+    once the log axis is set (a low end of 0 is drawn at the axis' bottom), or None without intervals."""
+    emp = [row.get("empirical_privacy") or {} for row in rows]
+    conf = next((e["confidence"] for e in emp if "confidence" in e), 0.95)
+    res = _column(rows, "andrew_resolution_all_rounds", "empirical_privacy")
+    ok = np.isfinite(res) & (res > 0)
+    if ok.any():
+        ax.plot(
+            r[ok],
+            res[ok],
+            ":",
+            color=color,
+            lw=1.2,
+            label=f"Andrew et al. resolution ({conf:.0%} of estimates from canaries that reveal nothing are below)",
+        )
+    low = _column(rows, "andrew_epsilon_all_rounds_ci_low", "empirical_privacy")
+    high = _column(rows, "andrew_epsilon_all_rounds_ci_high", "empirical_privacy")
+    has = np.isfinite(low)
+    if not has.any():
+        return None
+
+    def draw() -> None:
+        bottom, top = ax.get_ylim()
+        hi = np.where(np.isfinite(high), high, top)  # no finite upper end: to the top of the axis
+        ax.fill_between(
+            r[has],
+            np.maximum(low[has], bottom),
+            hi[has],
+            color=color,
+            alpha=0.15,
+            label=f"Andrew et al. estimate, {conf:.0%} confidence interval",
+        )
+        ax.set_ylim(bottom, top)
+
+    return draw
+
+
+def _canary_limits(ax: Axes, rows: list[dict[str, Any]], r: np.ndarray) -> bool:
+    """The one-run lower bound's ceiling (``steinke_epsilon_ceiling``) as a dashed line: the largest lower bound
+    the run's canaries can give. False when the rows have none."""
+    ceil = _column(rows, "steinke_epsilon_ceiling", "empirical_privacy")
+    ok = np.isfinite(ceil) & (ceil > 0)
+    if not ok.any():
+        return False
+    emp = next(row["empirical_privacy"] for row, good in zip(rows, ok, strict=True) if good)
+    m = int(emp.get("canaries_inserted", 0)) + int(emp.get("canaries_held_out", 0))
+    ax.plot(
+        r[ok],
+        ceil[ok],
+        "--",
+        color="0.35",
+        lw=1.2,
+        label=f"Steinke et al. ceiling: the largest lower bound {m} canary directions can give "
+        f"({emp.get('confidence', 0.95):.0%})",
+    )
+    return True
 
 
 def _span(r: np.ndarray) -> str:
@@ -815,47 +883,94 @@ def run_plots(run_dir: str | Path, *, from_ledger: bool = True) -> list[Path]:
     return written
 
 
-def overlay(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
-    """Held-out accuracy and certified epsilon per round of several runs, one line per run (a run that is not
-    private has no epsilon curve, and its legend entry says so)."""
+#: the overlays: the row key drawn, the y label, the file and the scale
+OVERLAYS = (
+    ("heldout_accuracy", "held-out client-level accuracy (%)", "overlay_accuracy.png", 100.0),
+    ("epsilon", "certified epsilon (log scale)", "overlay_epsilon.png", 1.0),
+)
+
+
+def _run_privacy(run: dict[str, Any]) -> dict[str, Any]:
+    """``privacy.sampling`` and ``privacy.mechanism`` of a run's ``config.toml`` (empty if it cannot be read)."""
+    import tomllib
+
+    try:
+        privacy = tomllib.loads((run["path"] / "config.toml").read_text()).get("privacy")
+    except (OSError, ValueError):
+        return {}
+    return privacy if isinstance(privacy, dict) else {}
+
+
+def overlay_label(run: dict[str, Any], name: str) -> str:
+    """A run's legend entry in an overlay: its name, then ``not private (<why>)``, or its certified epsilon after
+    its last round (with delta and the accountant), then its noise mechanism and sampling where its
+    ``config.toml`` says them."""
+    rows = run["rows"]
+    last = rows[-1] if rows else {}
+    privacy = _run_privacy(run)
+    reason = not_private_reason(run)
+    setting = [f"{privacy['sampling']} sampling"] if isinstance(privacy.get("sampling"), str) else []
+    if reason:
+        return ", ".join([f"{name}: not private ({reason})", *setting])
+    eps = last.get("epsilon")
+    if isinstance(eps, int | float) and not isinstance(eps, bool) and math.isfinite(eps):
+        eps_text = f"epsilon {eps:.3g}"
+    elif (isinstance(eps, float) and math.isinf(eps)) or last.get("epsilon" + REASON_SUFFIX) == INFINITE:
+        eps_text = "epsilon infinite (no finite value at this delta)"
+    else:
+        eps_text = "epsilon n/a"
+    if "delta" in last and "round" in last:
+        eps_text += f" after round {last['round']} (delta {last['delta']:g}, {last.get('accountant', '?')})"
+    if privacy:
+        setting.insert(0, f"{privacy.get('mechanism') or 'independent'} noise")
+    return ", ".join([f"{name}: {eps_text}", *setting])
+
+
+def figure_overlay(runs: Sequence[dict[str, Any]], key: str, names: Sequence[str] | None = None) -> Figure:
+    """One overlay (``key``: ``heldout_accuracy`` or ``epsilon``) of several runs (:func:`read_run`'s), one line
+    per run, each labelled by :func:`overlay_label`: a run that is not private says so (on the epsilon overlay it
+    has no curve)."""
     plt = pyplot()
+    ylabel, scale = {k: (y, s) for k, y, _, s in OVERLAYS}[key]
+    names = list(names) if names is not None else _labels([run["path"] for run in runs])
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
+    drawn = False
+    for i, (run, name) in enumerate(zip(runs, names, strict=True)):
+        v = scale * _column(run["rows"], key)
+        good = np.isfinite(v)
+        label = overlay_label(run, name)
+        if good.any():
+            ax.plot(_column(run["rows"], "round")[good], v[good], "o-", ms=2, color=f"C{i % 10}", label=label)
+            drawn = True
+        elif key == "epsilon":
+            reason = not_private_reason(run)
+            why = f"not private ({reason})" if reason else "no finite value"
+            ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{name}: {why}, epsilon infinite, not drawn")
+        else:
+            ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{label}; no held-out accuracy, not drawn")
+    _round_axis(ax, np.concatenate([_column(run["rows"], "round") for run in runs] or [np.array([])]))
+    if key == "epsilon" and drawn:
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis)
+    elif not drawn:
+        _empty_values(ax)
+        _message(ax, f"no run has a finite {ylabel.split(' (')[0]}: nothing to draw")
+    ax.set_ylabel(ylabel)
+    ax.set_title(
+        "\n".join(_wrap_name(f"{len(runs)} runs: {ylabel.split(' (')[0]} per round", 100)),
+        fontsize=TITLE_SIZE,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, fontsize=7)
+    return fig
+
+
+def overlay(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Held-out accuracy and certified epsilon per round of several runs, one line per run, each labelled with its
+    certified epsilon or ``not private`` (:func:`overlay_label`; a run that is not private has no epsilon curve)."""
     runs = [read_run(d) for d in run_dirs]
     names = _labels([run["path"] for run in runs])
-    written = []
-    for key, ylabel, fname, scale in (
-        ("heldout_accuracy", "held-out client-level accuracy (%)", "overlay_accuracy.png", 100.0),
-        ("epsilon", "certified epsilon (log scale)", "overlay_epsilon.png", 1.0),
-    ):
-        fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
-        drawn = False
-        for i, (run, name) in enumerate(zip(runs, names, strict=True)):
-            v = scale * _column(run["rows"], key)
-            good = np.isfinite(v)
-            reason = not_private_reason(run)
-            if good.any():
-                ax.plot(
-                    _column(run["rows"], "round")[good], v[good], "o-", ms=2, color=f"C{i % 10}", label=name
-                )
-                drawn = True
-            elif key == "epsilon":
-                why = f"not private ({reason})" if reason else "no finite value"
-                ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{name}: {why}, epsilon infinite, not drawn")
-        _round_axis(ax, np.concatenate([_column(run["rows"], "round") for run in runs] or [np.array([])]))
-        if key == "epsilon" and drawn:
-            ax.set_yscale("log")
-            _log_ticks(ax.yaxis)
-        elif not drawn:
-            _empty_values(ax)
-            _message(ax, f"no run has a finite {ylabel.split(' (')[0]}: nothing to draw")
-        ax.set_ylabel(ylabel)
-        ax.set_title(
-            "\n".join(_wrap_name(f"{len(runs)} runs: {ylabel.split(' (')[0]} per round", 100)),
-            fontsize=TITLE_SIZE,
-        )
-        ax.grid(True, which="both", alpha=0.3)
-        _legend(ax, fontsize=7)
-        written.append(_save(fig, Path(out_dir) / fname))
-    return written
+    return [_save(figure_overlay(runs, key, names), Path(out_dir) / fname) for key, _, fname, _ in OVERLAYS]
 
 
 def _labels(paths: list[Path]) -> list[str]:

@@ -57,7 +57,16 @@ def paper_bounds(strategy: Any, population: int, rounds: int, delta: float) -> d
     return out
 
 
+#: opens the group of a console row that epsilon does not cover (the row's ``non_private``); ``]`` closes it
+CONSOLE_NON_PRIVATE = "[non-private:"
+
+
 def format_row(row: dict[str, Any], rounds: int) -> str:
+    """The console line of a row (``fedsim run``): the held-out metrics of the released model, the certified
+    epsilon and the generalization statement first, then, in one bracketed group opened by
+    :data:`CONSOLE_NON_PRIVATE`, the exact facts about clients that epsilon does not cover (the cohort, failures
+    by reason, the training clients' loss and accuracy, the gap computed from them). Print it without markup."""
+
     def f(v: Any, spec: str = ".3f") -> str:
         if isinstance(v, float) and math.isinf(v):
             return "inf" if v > 0 else "-inf"
@@ -66,20 +75,21 @@ def format_row(row: dict[str, Any], rounds: int) -> str:
     gen = row.get("generalization", {})
     diag = row.get(NON_PRIVATE, {})
     failed = diag.get("failed") or {}
-    failures = (" failed " + ",".join(f"{k}={v}" for k, v in failed.items())) if failed else ""
+    failures = (", failed " + " ".join(f"{k}={v}" for k, v in failed.items())) if failed else ""
     extra = "".join(
         f" {label} {f(row[f'heldout_{k}'], '.2f')}"
         for k, label in (("perplexity", "ppl"), ("metric", "metric"))
         if f"heldout_{k}" in row
     )
     return (
-        f"round {row['round']:>3}/{rounds} | cohort {diag.get('cohort', '?'):>3}{failures} | "
-        f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))} | "
+        f"round {row['round']:>3}/{rounds} | "
         f"held-out loss {f(row.get('heldout_loss'))} acc {f(row.get('heldout_accuracy'))}{extra} | "
-        f"gap {f(diag.get('gap_accuracy'), '+.3f')} | "
         f"eps {'inf (not private)' if row.get('private') is False else f(row['epsilon'], '.3f')} "
         f"(delta={row['delta']:.0e}, {row['accountant']}) | "
-        f"bound {gen.get('status', 'n/a')}"
+        f"bound {gen.get('status', 'n/a')} | "
+        f"{CONSOLE_NON_PRIVATE} cohort {diag.get('cohort', '?'):>3}{failures}, "
+        f"train loss {f(diag.get('train_loss'))} acc {f(diag.get('train_accuracy'))}, "
+        f"gap {f(diag.get('gap_accuracy'), '+.3f')}]"
     )
 
 
@@ -179,8 +189,10 @@ PRIVACY_SCOPE = (
     "client, label entropy, totals of the partition); the training-client accuracy and the gap drawn from it "
     "in plots/accuracy.png, the training-client loss and gap in plots/loss.png, the membership-inference attack "
     "in plots/attack.png, and the measured gap in plots/generalization.png; trackers' 'non_private' scalars "
-    "(TensorBoard, MLflow); in sweep.csv, the columns named non_private_*; the console's 'failures' line of a "
-    "run stopped by client failures (exit code 4). The population size, the domain sizes and the schedule are "
+    "(TensorBoard, MLflow); in sweep.csv, the columns named non_private_*; on the console, the bracketed "
+    "'[non-private: ...]' group of each round's line (cohort, failures, training-client loss and accuracy, gap), "
+    "the train accuracy and gap of the 'final' line, and the 'failures' line of a run stopped by client failures "
+    "(exit code 4). The population size, the domain sizes and the schedule are "
     "public, and so is a stop by the privacy budget (stopped_by 'budget': a function of public parameters and "
     "the accountant), and so are the training path and why faster paths were refused (local_training, "
     "local_training_fallbacks: a function of the model and the settings)."

@@ -49,6 +49,12 @@ class CorrelatedNoise(NoiseSource):
     per-round stream (:meth:`_new_stream`) and give the strategy's sensitivity."""
 
     correlated: ClassVar[bool] = True
+    #: what this mechanism optimises for the run's planned rounds before round 1 (:meth:`prepare`, kept in a
+    #: checkpoint), so that a run extended past them would not be the longer run from scratch (the resume refusal
+    #: names it); None: nothing, the run extends. A subclass says which: by default its strategy may depend on them
+    fixed_for_rounds: ClassVar[str | None] = (
+        "its strategy (NoiseSource.prepare may depend on the rounds planned)"
+    )
     #: the run's number of rounds, which the strategy matrix is optimised for (None: the unoptimised choice)
     rounds: int | None = None
     _stream: Any = field(default=None, init=False, repr=False)
@@ -165,6 +171,7 @@ class BandedMatrixFactorization(CorrelatedNoise):
     disjoint rounds' releases, and a cyclic schedule with sampling within its groups is accounted with
     amplification (Choquette-Choo et al. 2023). One band is independent noise, exactly."""
 
+    fixed_for_rounds: ClassVar[str | None] = "its banded Toeplitz coefficients (privacy.bands of them)"
     name = "banded-mf"
     aliases: ClassVar[tuple[str, ...]] = ()
     bands: int | None = None
@@ -269,6 +276,7 @@ class BufferedToeplitz(CorrelatedNoise):
     sensitivity is exact), or given as ``decays`` and ``output_scales``. Its noise keeps ``buffers`` vectors:
     ``O(buffers x model)`` memory and time a round however many rounds run."""
 
+    fixed_for_rounds: ClassVar[str | None] = "its buffers' decays and output scales"
     name = "blt"
     aliases: ClassVar[tuple[str, ...]] = ()
     buffers: int = 2
@@ -382,6 +390,9 @@ class TreeAggregation(CorrelatedNoise):
     for the standard estimator, which uses left children only); exact for cyclic and full participation, and for
     min-separation schedules where its dynamic programme is cheap, else a per-level upper bound."""
 
+    #: each node is drawn from the seed, its level and its index when it completes, and the sensitivity of the first
+    #: t rounds counts the nodes complete by then, whatever the rounds planned: an extended run is the longer run
+    fixed_for_rounds: ClassVar[str | None] = None
     name = "tree"
     aliases: ClassVar[tuple[str, ...]] = ()
     estimator: str = "standard"

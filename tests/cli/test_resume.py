@@ -20,6 +20,7 @@ import torch
 from fedsim.cli import main
 from fedsim.engine import runner
 from fedsim.report.checkpoint import CheckpointError, read_checkpoint, retarget_checkpoint
+from fedsim.report.rundir import RunWriter
 
 # adaptive clipping, a momentum server optimizer and Poisson sampling: every piece of state a checkpoint carries
 SETTINGS = [
@@ -237,3 +238,78 @@ def test_an_extension_killed_between_its_two_writes_resumes_either_way(tmp_path,
     assert [r["round"] for r in _rows(out)] == list(range(1, 7))
     with pytest.raises(CheckpointError, match=r"another config\.toml"):
         read_checkpoint(out, old)  # the checkpoint at the end is of the 6-round config only
+
+
+# ------------------------------------------------------------------------------------------ extending correlated noise
+def _small(out: Path, rounds: int, *settings: str) -> list[str]:
+    argv = ["run", "quickstart", "--no-progress", "--out", str(out)]
+    for s in (
+        "engine.name=local",
+        f"rounds={rounds}",
+        "data.num_clients=20",
+        "client.local_epochs=1",
+        *settings,
+    ):
+        argv += ["--set", s]
+    return argv
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    monkeypatch.setattr(RunWriter, "write_plots", lambda self: [])
+
+
+def test_a_tree_run_extends_to_the_run_from_scratch(tmp_path, capsys, no_plots):
+    """Tree aggregation draws each node from the seed and the node when it completes, and its sensitivity after t
+    rounds counts the nodes complete by then: nothing depends on the rounds planned, so it extends bit for bit
+    (round 4 completes the node over rounds 1-4, begun before the extension)."""
+    tree = ["privacy.sampling=cyclic", "privacy.min_separation=2", "privacy.mechanism=tree"]
+    ref, out = tmp_path / "ref", tmp_path / "extended"
+    assert main(_small(ref, 6, *tree)) == 0
+    assert main(_small(out, 3, *tree)) == 0
+    assert main(["run", "--resume", str(out), "--no-progress", "--set", "rounds=6"]) == 0
+    capsys.readouterr()
+    assert _rows(out) == _rows(ref)
+    assert json.loads((out / "ledger.json").read_text()) == json.loads((ref / "ledger.json").read_text())
+    np.testing.assert_array_equal(
+        np.load(out / "model.npz")["weights"], np.load(ref / "model.npz")["weights"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        (
+            ["privacy.sampling=cyclic", "privacy.min_separation=2", "privacy.mechanism=banded-mf"],
+            "mechanism 'banded-mf' optimised its banded Toeplitz coefficients (privacy.bands of them) for the 2 "
+            "rounds planned, and the checkpoint keeps them, so 3 rounds from here would add noise optimised for 2 "
+            "rounds, not the run that rounds=3 gives from scratch (optimised for 3 rounds)",
+        ),
+        (
+            ["privacy.sampling=cyclic", "privacy.min_separation=2", "privacy.mechanism=blt"],
+            "mechanism 'blt' optimised its buffers' decays and output scales for the 2 rounds planned",
+        ),
+    ],
+    ids=["banded-mf", "blt"],
+)
+def test_an_extension_that_would_not_be_the_run_from_scratch_is_refused_saying_why(
+    tmp_path, capsys, no_plots, settings, why
+):
+    out = tmp_path / "run"
+    assert main(_small(out, 2, *settings)) == 0
+    capsys.readouterr()
+    before = _files(out)
+    assert main(["run", "--resume", str(out), "--no-progress", "--set", "rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"rounds=3: {why}" in err and "Start a new run; nothing was changed" in err, err
+    assert "Traceback" not in err
+    assert _files(out) == before
+
+
+def test_each_mechanism_says_whether_and_why_its_run_cannot_be_extended():
+    assert runner.extension_refusal("independent", 5, 8) is None
+    assert runner.extension_refusal("tree", 5, 8) is None
+    for name in ("banded-mf", "blt"):
+        why = runner.extension_refusal(name, 5, 8)
+        assert why.startswith(f"mechanism {name!r} optimised its ") and "for the 5 rounds planned" in why
+        assert "optimised for 8 rounds" in why

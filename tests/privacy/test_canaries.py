@@ -53,6 +53,81 @@ def test_canaries_are_clients_of_the_population_the_accountant_counts(tmp_path):
     assert (tmp_path / "run" / "plots" / "epsilon.png").is_file()
 
 
+#: what each figure can say at the run's canary count, beside it in every evaluated row and in summary.json
+LIMITS = (
+    "steinke_epsilon_ceiling",
+    "andrew_epsilon_all_rounds_ci_low",
+    "andrew_epsilon_all_rounds_ci_high",
+    "andrew_resolution_all_rounds",
+    "andrew_null_median_all_rounds",
+    "andrew_epsilon_final_ci_low",
+    "andrew_epsilon_final_ci_high",
+    "andrew_resolution_final",
+    "andrew_null_median_final",
+)
+
+
+def test_every_figure_comes_with_what_it_can_say_at_this_canary_count(tmp_path, monkeypatch):
+    from fedsim.cli import describe_empirical
+    from fedsim.privacy.empirical import one_run_ceiling
+    from fedsim.report.rundir import RunWriter
+
+    monkeypatch.setattr(RunWriter, "write_plots", lambda self: [])  # the epsilon plot is drawn below
+    result = _run("privacy.noise_multiplier=1.0", rounds=2, tmp=tmp_path / "run")
+    for row in (row for row in result.rows if "empirical_privacy" in row):  # the evaluated rows (the last)
+        emp = row["empirical_privacy"]
+        assert set(LIMITS) <= emp.keys()
+        # the ceiling: this run's audit with every guess right, above the lower bound it caps
+        m = emp["canaries_inserted"] + emp["canaries_held_out"]
+        assert emp["steinke_epsilon_lower_bound"] <= emp["steinke_epsilon_ceiling"]
+        assert emp["steinke_epsilon_ceiling"] <= one_run_ceiling(m, emp["delta"])["epsilon_lower_bound"]
+        assert 2.5 < emp["steinke_epsilon_ceiling"] < 3.8  # 200 directions, 95%, five Bonferroni candidates
+        for stat in ("all_rounds", "final"):
+            low, est, high = (emp[f"andrew_epsilon_{stat}{s}"] for s in ("_ci_low", "", "_ci_high"))
+            assert low <= est and (high is None or est <= high)
+            assert 0 < emp[f"andrew_null_median_{stat}"] <= emp[f"andrew_resolution_{stat}"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["empirical_privacy"]
+    last = result.rows[-1]
+    assert {k: summary[k] for k in LIMITS} == {k: last["empirical_privacy"][k] for k in LIMITS}
+    # certified 1-digit epsilons at z = 1 over 2 rounds are above a ~3 ceiling: the reading says what that means
+    if last["epsilon"] > summary["steinke_epsilon_ceiling"]:
+        assert any("cannot tell a broken mechanism" in line for line in summary["reading"])
+    line = describe_empirical(last["empirical_privacy"])
+    assert "ceiling" in line and "95% CI" in line and "resolution" in line
+    # the epsilon plot: the ceiling as a dashed line, the estimate's interval as a band, its resolution dotted
+    from fedsim.report import plots
+
+    fig = plots.figure_epsilon(plots.read_run(tmp_path / "run"), from_ledger=False)
+    texts = [t for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    texts += [t for lg in fig.legends for t in lg.get_texts()]
+    legend = [" ".join(t.get_text().split()) for t in texts]  # labels are wrapped to the legend's width
+    assert any(t.startswith("Steinke et al. ceiling") for t in legend), legend
+    assert any("95% confidence interval" in t for t in legend), legend
+    assert any(t.startswith("Andrew et al. resolution") for t in legend), legend
+    plots.pyplot().close(fig)
+
+
+def test_canaries_submit_as_the_partial_sum_adds_them_one_by_one():
+    from fedsim.privacy.canaries import CanaryClients
+    from fedsim.round import PartialSum
+
+    canaries = CanaryClients(300, 50, 3, 1000, 1e-5)
+    cids = canaries.ids[::2]
+    one_by_one, at_once = PartialSum(50), PartialSum(50)
+    norms = [one_by_one.add(canaries.update(int(c), 0.7), 0.7) for c in cids]
+    got = canaries.submit(at_once, cids, 0.7, block=16)
+    np.testing.assert_allclose(got, norms, rtol=1e-15)
+    np.testing.assert_allclose(at_once.total, one_by_one.total, rtol=1e-12, atol=1e-15)
+    assert (at_once.count, at_once.unclipped, at_once.rejected) == (
+        one_by_one.count,
+        one_by_one.unclipped,
+        one_by_one.rejected,
+    )
+    np.testing.assert_allclose(at_once.norms, one_by_one.norms, rtol=1e-15)
+    with pytest.raises(KeyError):
+        canaries.updates(np.array([canaries.ids[-1] + 1]), 1.0)
+
+
 def test_the_same_seed_gives_the_same_canaries_and_scores():
     a, b = (_run("privacy.noise_multiplier=1.0", rounds=2) for _ in range(2))
     assert a.rows[-1]["empirical_privacy"] == b.rows[-1]["empirical_privacy"]

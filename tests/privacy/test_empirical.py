@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import integrate, stats
+from scipy.optimize import brentq
 from scipy.special import expit, logit
 
 from fedsim.privacy.empirical import (
     andrew_estimate,
+    andrew_interval,
+    andrew_null,
     canary_cosines,
     gaussian_hockey_stick,
     gaussian_mechanism_mu,
@@ -19,6 +22,8 @@ from fedsim.privacy.empirical import (
     gaussians_delta,
     gaussians_epsilon,
     one_run_audit,
+    one_run_canaries_needed,
+    one_run_ceiling,
     one_run_lower_bound,
     one_run_p_value,
     random_unit_directions,
@@ -323,3 +328,155 @@ def test_audit_rejects_bad_arguments():
         one_run_audit(scores, included, 1e-5, confidence=1.0)
     with pytest.raises(PrivacyInputError, match="v"):
         one_run_p_value(10, 5, 6, 1.0, 0.0)
+
+
+# ------------------------------------------------------------- what the figures can say at a canary count
+
+
+def _reference_lower_bound(m, r, v, delta, confidence):
+    """The lower bound as first written (the grid scan one scalar p-value at a time, every pmf term summed): the
+    vectorised, truncated scan must return exactly this."""
+
+    def p(eps):
+        q = float(expit(eps))
+        beta = float(stats.binom.sf(v - 1, r, q))
+        window = np.cumsum(stats.binom.pmf(np.arange(v - 1, -1, -1), r, q))
+        return min(1.0, beta + float(np.max(window / np.arange(1, v + 1))) * 2.0 * m * delta)
+
+    level = 1 - confidence
+    if v == 0 or p(0.0) > level:
+        return 0.0
+    hi = 1.0
+    while float(stats.binom.sf(v - 1, r, float(expit(hi)))) <= level:
+        hi *= 2
+    eps_beta = brentq(lambda e: float(stats.binom.sf(v - 1, r, float(expit(e)))) - level, 0.0, hi, xtol=1e-12)
+    grid = np.linspace(0.0, eps_beta, 257)
+    for a, b in itertools.pairwise(grid):
+        if p(b) > level:
+            root = brentq(lambda e: p(e) - level, a, b, xtol=1e-12)
+            while root > a and p(root) > level:
+                root = max(a, root - 1e-12 * max(1.0, root))
+            return root
+    return eps_beta
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (1000, 300, 240, 1e-5, 0.95),
+        (200, 200, 200, 1e-5, 0.99),
+        (2000, 2000, 2000, 1e-5, 0.99),
+        (2000, 1000, 700, 1e-3, 0.99),
+        (500, 250, 240, 0.05, 0.95),
+        (5000, 5000, 3000, 1e-5, 0.99),
+    ],
+)
+def test_the_fast_lower_bound_is_the_reference_scan_exactly(case):
+    # bit for bit: the grid points are decided by bounds or by the same arithmetic, so the same cell is refined
+    assert one_run_lower_bound(*case) == _reference_lower_bound(*case)
+
+
+def test_the_ceiling_with_every_guess_right_is_steinke_et_al_s():
+    # the issue's figures: Steinke et al.'s bound at 95% with r guesses, all right, is about 1.05, 3.49, 5.81 for
+    # r = 10, 100, 1000 (m = r canaries, one candidate: no Bonferroni split). Without the delta term fedsim's
+    # ceiling rounds to exactly these; with fedsim's delta term at delta = 1e-5 (2 m delta alpha) it is a little
+    # lower, most at r = 1000 (5.78).
+    for r, want in ((10, 1.05), (100, 3.49), (1000, 5.81)):
+        assert round(one_run_ceiling(r, 0.0, 0.95, guesses=[r])["epsilon_lower_bound"], 2) == want
+        with_delta = one_run_ceiling(r, 1e-5, 0.95, guesses=[r])["epsilon_lower_bound"]
+        assert want - 0.03 < with_delta <= want + 0.005
+        # one implementation: the audit's own bound with v = r
+        assert with_delta == one_run_lower_bound(r, r, r, 1e-5, 0.95)
+    # the default five candidates (Bonferroni at 99% each): the largest r wins when all are right
+    c = one_run_ceiling(200, 1e-5)
+    assert [x["correct"] for x in c["candidates"]] == [x["guesses"] for x in c["candidates"]]
+    assert (
+        c["epsilon_lower_bound"]
+        == one_run_lower_bound(200, 200, 200, 1e-5, 0.99)
+        == pytest.approx(3.747, abs=1e-3)
+    )
+
+
+def test_no_run_of_the_audit_exceeds_its_ceiling():
+    m, delta = 200, 1e-5
+    for seed in range(12):
+        for mu in (0.5, 2.0, 6.0, 50.0):
+            scores, included = gaussian_mechanism_scores(m, mu, np.random.default_rng(seed))
+            audit = one_run_audit(scores, included, delta)["epsilon_lower_bound"]
+            run_ceiling = one_run_ceiling(m, delta, included=included)["epsilon_lower_bound"]
+            assert audit <= run_ceiling <= one_run_ceiling(m, delta)["epsilon_lower_bound"]
+            if mu == 50.0:  # perfectly separated scores reach this run's ceiling
+                assert audit == run_ceiling
+    # this run's ceiling is below the all-right one when the coins were not split evenly
+    included = np.arange(m) < 90  # 90 inserted, 110 not: r = 200 gets at most 180 right
+    assert (
+        one_run_ceiling(m, delta, included=included)["epsilon_lower_bound"]
+        < one_run_ceiling(m, delta)["epsilon_lower_bound"]
+    )
+
+
+def test_canaries_needed_to_reach_an_epsilon():
+    delta = 1e-5
+    need = one_run_canaries_needed(3.71, delta)  # the certified epsilon at z = 2 in the issue
+    m = need["canaries"]
+    assert 150 < m < 260
+    assert one_run_ceiling(m, delta)["epsilon_lower_bound"] >= 3.71
+    assert one_run_ceiling(int(m * 0.97), delta)["epsilon_lower_bound"] < 3.71
+    # the delta term caps the ceiling: at delta = 1e-5 and 95% it never reaches 8.39 (z = 1 in the issue)
+    far = one_run_canaries_needed(8.39, delta)
+    assert far["canaries"] is None and 6.0 < far["peak"] < 7.0
+    # a smaller delta lets it
+    assert one_run_canaries_needed(8.39, 1e-9)["canaries"] is not None
+
+
+def test_andrew_interval_covers_the_true_epsilon_of_a_gaussian_mechanism():
+    # an exact Gaussian mechanism of known epsilon (delta 1e-5): inserted cosines N(mu, 1), held-out N(0, 1),
+    # 500 a side, 20 seeds. The interval is a projection of a 95% confidence region, so it covers the truth in at
+    # least 95% of runs (observed: every one); the point estimate is biased upwards (observed: 16 of 20 above the
+    # truth at epsilon 2, all 20 at epsilon 0).
+    delta, n = 1e-5, 500
+    for eps_true in (0.0, 2.0):
+        mu = gaussian_mechanism_mu(eps_true, delta) if eps_true else 0.0
+        covered = above = 0
+        for seed in range(20):
+            rng = np.random.default_rng(seed)
+            x_in, x_out = rng.standard_normal(n) + mu, rng.standard_normal(n)
+            ci = andrew_interval(x_in, x_out, delta)
+            est = andrew_estimate(x_in, x_out, delta)["epsilon"]
+            assert ci["low"] <= est <= ci["high"]
+            covered += ci["low"] <= eps_true <= ci["high"]
+            above += est > eps_true
+        assert covered >= 18, (eps_true, covered)
+        assert above >= 12, (eps_true, above)
+
+
+def test_andrew_interval_narrows_with_more_canaries():
+    delta, mu = 1e-5, gaussian_mechanism_mu(2.0, 1e-5)
+    widths = []
+    for n in (100, 1000, 5000):
+        rng = np.random.default_rng(0)
+        ci = andrew_interval(rng.standard_normal(n) + mu, rng.standard_normal(n), delta)
+        widths.append(ci["high"] - ci["low"])
+    assert widths[0] > widths[1] > widths[2]
+    assert widths[2] < 2.5  # observed 1.8 at 5,000 a side; 17.6 at 100
+
+
+def test_andrew_null_is_the_estimate_s_floor_and_resolution():
+    delta = 1e-5
+    # canaries that reveal nothing (both sets N(0, 1)): the estimate is never 0, and exceeds the resolution
+    # computed from the same cosines in about 5% of runs (observed: none of 20)
+    over, medians = 0, []
+    for seed in range(20):
+        rng = np.random.default_rng(100 + seed)
+        x_in, x_out = rng.standard_normal(100), rng.standard_normal(100)
+        null = andrew_null(x_in, x_out, delta, rng=seed)
+        assert 0.0 < null["median"] <= null["resolution"]
+        over += andrew_estimate(x_in, x_out, delta)["epsilon"] > null["resolution"]
+        medians.append(null["median"])
+    assert over <= 3
+    assert 0.8 < np.median(medians) < 2.5  # the floor at 100 a side (observed ~1.5)
+    # seeded: the same answer twice; and a larger count lowers the resolution
+    rng = np.random.default_rng(0)
+    x_in, x_out = rng.standard_normal(2000), rng.standard_normal(2000)
+    a, b = andrew_null(x_in, x_out, delta, rng=1), andrew_null(x_in, x_out, delta, rng=1)
+    assert a == b and a["resolution"] < 1.0

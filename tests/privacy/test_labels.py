@@ -16,7 +16,14 @@ from faulty import scenario_file
 from fedsim.cli import EXIT_FAILURES, FAILURES_LABEL, main
 from fedsim.engine.runner import run_scenario
 from fedsim.loop import training_path
-from fedsim.report.rows import PRIVACY_SCOPE, summary, summary_stop, summary_timings
+from fedsim.report.rows import (
+    CONSOLE_NON_PRIVATE,
+    PRIVACY_SCOPE,
+    format_row,
+    summary,
+    summary_stop,
+    summary_timings,
+)
 from fedsim.report.rundir import DATA_PUBLIC_KEYS, RunWriter, data_description, json_safe
 from fedsim.scenarios import load_scenario
 
@@ -164,6 +171,60 @@ def test_the_exit_4_line_is_labelled_non_private(tmp_path, capsys):
     assert main(["run", str(path), "--no-progress", "--out", str(tmp_path / "run")]) == EXIT_FAILURES
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(FAILURES_LABEL + ": stopping at round 1: 5 of its 8") and "non-private" in last
+
+
+# ------------------------------------------------------------------------------------ each round's console line
+def _split_console_row(line: str) -> tuple[str, str]:
+    """A round's console line as (what epsilon covers or is public, the '[non-private: ...]' group)."""
+    head, sep, group = line.partition(CONSOLE_NON_PRIVATE)
+    assert sep and line.count(CONSOLE_NON_PRIVATE) == 1, line
+    assert group.endswith("]") and "]" not in group[:-1], line
+    return head, group[:-1]
+
+
+def test_a_rounds_console_line_groups_exactly_what_epsilon_does_not_cover():
+    row = {
+        "round": 4,
+        "epsilon": 4.321,
+        "delta": 1e-5,
+        "accountant": "pld",
+        "private": True,
+        "heldout_loss": 1.234,
+        "heldout_accuracy": 0.777,
+        "heldout_perplexity": 3.45,
+        "generalization": {"status": "no-statement"},
+        "non_private": {
+            "cohort": 123,
+            "failed": {"error": 2, "timeout": 1},
+            "train_loss": 9.876,
+            "train_accuracy": 0.555,
+            "gap_accuracy": -0.222,
+        },
+    }
+    head, group = _split_console_row(format_row(row, 30))
+    exact = ("cohort 123", "failed error=2 timeout=1", "train loss 9.876 acc 0.555", "gap -0.222")
+    covered = ("round   4/30", "held-out loss 1.234 acc 0.777 ppl 3.45", "eps 4.321", "bound no-statement")
+    for text in exact:
+        assert text in group and text not in head, text
+    for text in covered:
+        assert text in head and text not in group, text
+    assert "train" not in head and "cohort" not in head and "gap" not in head and "fail" not in head
+    # a round without failures: no failure count is made up
+    row["non_private"]["failed"] = {}
+    assert "failed" not in format_row(row, 30)
+
+
+def test_fedsim_run_prints_each_rounds_non_private_group(tmp_path, capsys):
+    """Through the console (rich): the group is printed as text, not read as markup, failures inside it."""
+    path = scenario_file(tmp_path, faults={2: "raise"})
+    assert main(["run", str(path), "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("round ")]
+    assert len(lines) == 2
+    for line in lines:
+        head, group = _split_console_row(line)
+        assert group.startswith(" cohort ") and ", failed error=1, train loss " in group and ", gap " in group
+        assert " held-out loss " in head and " eps " in head and "cohort" not in head and "train" not in head
+    assert "'[non-private: ...]' group of each round's line" in PRIVACY_SCOPE
 
 
 # --------------------------------------------------------------------------------------------- local_training

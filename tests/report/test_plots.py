@@ -278,3 +278,19 @@ def test_overlays_say_which_run_has_no_epsilon_curve(runs, tmp_path):
     written = plots.overlay([runs["private"], runs["not_private"]], tmp_path)
     assert [p.name for p in written] == ["overlay_accuracy.png", "overlay_epsilon.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_an_overlaid_run_without_noise_is_labelled_not_private_and_a_private_one_with_its_epsilon(runs):
+    """``fedsim report A B``'s overlays: every run's legend entry says its certified epsilon (and its delta,
+    accountant, mechanism and sampling where its config.toml says them) or that it is not private."""
+    read = [_run(runs, "private"), _run(runs, "not_private")]
+    eps = read[0]["rows"][-1]["epsilon"]
+    for key in ("heldout_accuracy", "epsilon"):
+        fig = plots.figure_overlay(read, key, ["a", "b"])
+        labels = [t.get_text().replace("\n", " ") for t in fig.axes[0].get_legend().get_texts()]
+        assert len(labels) == 2, labels
+        assert labels[0].startswith(f"a: epsilon {eps:.3g} after round 3 (delta 1e-05, pld)"), labels
+        assert "independent noise, poisson sampling" in labels[0] and "not private" not in labels[0]
+        assert labels[1].startswith("b: not private (noise_multiplier = 0)"), labels
+        assert "epsilon" not in labels[1].split(",")[0].removeprefix("b: not private")
+        plots.pyplot().close(fig)
