@@ -120,9 +120,8 @@ class AdaptiveClipping:
             raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
         if self.learning_rate <= 0:
             raise ValueError(f"adaptive clipping learning_rate must be > 0, got {self.learning_rate}")
-        if (
-            self.count_noise_multiplier is not None
-        ):  # the range every noise multiplier keeps; 0 is not allowed
+        if self.count_noise_multiplier is not None:
+            # the range every noise multiplier keeps; 0 is not allowed (the count would be released un-noised)
             z = noise_multiplier_value("count_noise_multiplier", self.count_noise_multiplier, None)
             object.__setattr__(self, "count_noise_multiplier", z)
 
