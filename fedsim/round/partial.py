@@ -131,6 +131,26 @@ class PartialSum:
         self.norms.append(norm)
         return norm
 
+    def add_rows(self, rows: np.ndarray, clip: float) -> np.ndarray:
+        """:meth:`add` for the rows of a CPU numpy array ``[K, dim]``, in numpy alone: the same norms (the square
+        root of each row's dot product, as ``np.linalg.norm``), clipping, counts and norm list, without going
+        through torch as :meth:`add_batch` does (its thread pool costs more than the sum for small blocks on a busy
+        CPU). A row whose norm is not finite is rejected. Returns the norms before clipping (nan for rejected)."""
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.dim:
+            raise ValueError(f"add_rows needs a [K, {self.dim}] array, got shape {rows.shape}")
+        norms = np.sqrt(np.fromiter((row.dot(row) for row in rows), float, rows.shape[0]))
+        ok = np.isfinite(norms)
+        if not ok.all():
+            self.reject(int((~ok).sum()), reason="non_finite")
+            norms = np.where(ok, norms, math.nan)
+        scale = np.where(ok & (norms > clip), clip / np.where(ok, np.maximum(norms, 1e-300), 1.0), 1.0)
+        self.total += scale[ok] @ rows[ok]
+        self.count += int(ok.sum())
+        self.unclipped += int(np.count_nonzero(norms[ok] <= clip))
+        self.norms.extend(norms[ok].tolist())
+        return norms
+
     def add_batch(self, updates: Any, clip: float, weights: Any = None, *, block: int = 64) -> np.ndarray:
         """:meth:`add` for the rows of ``updates`` (``[K, dim]``, numpy or torch, on any device) at once.
 

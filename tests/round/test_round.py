@@ -227,3 +227,20 @@ def test_sampler_and_noise_source_state_round_trips_and_continues_the_same_draws
         make_sampler("poisson", 0).load_state_dict(sampler.state_dict())
     with pytest.raises(ValueError, match="same population"):
         sampler.sample(1, range(40), m)  # sampling and accounting must use the same population
+
+
+def test_add_rows_is_add_one_row_at_a_time():
+    rng = np.random.default_rng(0)
+    rows = rng.normal(0, 1, (7, 5)) * np.array([[0.1], [3], [1], [0.5], [9], [2], [0.2]])
+    rows[3, 2] = np.nan  # rejected whole, as add rejects it
+    one, batch = PartialSum(5), PartialSum(5)
+    norms = [one.add(r, 1.5) for r in rows]
+    np.testing.assert_allclose(batch.add_rows(rows, 1.5), norms, rtol=1e-15)
+    np.testing.assert_allclose(batch.total, one.total, rtol=1e-12)
+    assert (batch.count, batch.unclipped, batch.rejected, batch.failures) == (
+        one.count,
+        one.unclipped,
+        one.rejected,
+        one.failures,
+    )
+    np.testing.assert_allclose(batch.norms, one.norms, rtol=1e-15)
