@@ -424,12 +424,9 @@ class TreeAggregation(CorrelatedNoise):
 
             probe = self.__dict__["_probe"] = {"tree": TreeNoise(64, self.estimator), "ids": {}}
         tree, ids = probe["tree"], probe["ids"]
-        if (
-            len(ids) + 64 > tree.size
-        ):  # room for the nodes one round may draw (at most log2 of the rounds + 1)
-            grown = 2 * tree.size
-            tree._nodes = np.pad(tree._nodes, ((0, 0), (0, grown - tree.size)))
-            tree.size = grown
+        # room for the nodes one round may draw (at most log2 of the rounds + 1)
+        if len(ids) + 64 > tree.size:
+            tree.widen(2 * tree.size)
 
         def unit(level: int, index: int) -> np.ndarray:
             e = np.zeros(tree.size)

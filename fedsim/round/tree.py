@@ -82,6 +82,14 @@ class TreeNoise:
         self._steps = 0
         self._nodes = np.zeros((0, self.size))  # one row per set bit of _steps, lowest level first
 
+    def widen(self, size: int) -> None:
+        """Grow the vectors to ``size`` numbers, the new ones zero in every node kept (a stream whose draws gain
+        coordinates over time, such as a probe fed one unit vector per node)."""
+        if size < self.size:
+            raise ValueError(f"invalid size={size!r}: a stream widens only (it has {self.size})")
+        self._nodes = np.pad(self._nodes, ((0, 0), (0, int(size) - self.size)))
+        self.size = int(size)
+
     @property
     def steps(self) -> int:
         """Rounds done (calls to :meth:`step`)."""
