@@ -256,6 +256,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from fedsim import sweep
+    from fedsim.report import sweep_figure, sweep_table
     from fedsim.scenarios import ScenarioError
 
     if args.parallel is not None and args.parallel < 1:
@@ -265,7 +266,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         grid = sweep.parse_grid(args.grid) if args.grid else None
         base, runs = sweep.plan_sweep(args.scenario, sets=args.set, grid=grid, seeds=args.seeds, out=args.out)
-        line = sweep.line_key(runs, args.line)
+        line = sweep_figure.line_key(runs, args.line)
     except ScenarioError as exc:
         return _fail(str(exc))
     last = args.last or base.sweep.last
@@ -280,7 +281,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # a file or a pipe has no width: rich would cut the tables at 80 columns
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     console.print(
-        f"[bold]fedsim sweep {base.name}[/bold]: {len(runs)} runs ({len({sweep._slug(r.setting) for r in runs})} "
+        f"[bold]fedsim sweep {base.name}[/bold]: {len(runs)} runs ({len({sweep_table._slug(r.setting) for r in runs})} "
         f"settings x {len({r.seed for r in runs})} seeds), {parallel} at a time, into {out}"
     )
     for r in runs:
@@ -301,36 +302,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         res = r.result
         acc, eps = res.get("heldout_accuracy_final"), res.get("epsilon")
         what = (
-            f"final held-out acc {acc:.3f}, epsilon {sweep.shown('epsilon', eps, res)}"
+            f"final held-out acc {acc:.3f}, epsilon {sweep_table.shown('epsilon', eps, res)}"
             if acc is not None and eps is not None
             else ""
         )
         console.print(
-            f"[{done}/{len(runs)}] {sweep._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
+            f"[{done}/{len(runs)}] {sweep_table._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
         )
 
     sweep.run_sweep(args.scenario, runs, parallel=parallel, on_result=on_result)
-    sweep.add_statistics(runs, last)
-    csv_path = sweep.write_csv(runs, out / "sweep.csv", last=last)
-    summary_path = sweep.write_summary_csv(runs, out / "sweep_summary.csv", last=last)
-    plot = sweep.plot_privacy_utility(
+    sweep_table.add_statistics(runs, last)
+    csv_path = sweep_table.write_csv(runs, out / "sweep.csv", last=last)
+    summary_path = sweep_table.write_summary_csv(runs, out / "sweep_summary.csv", last=last)
+    plot = sweep_figure.plot_privacy_utility(
         runs, out / "privacy_utility.png", line=line, title=base.name, last=last
     )
-    stat = sweep.statistic(last)
-    columns, rows = sweep.table_rows(runs)
+    stat = sweep_table.statistic(last)
+    columns, rows = sweep_table.table_rows(runs)
     table = Table(
         title=f"{base.name}: {len(runs)} runs; held-out accuracy: {stat} (fewer where a run evaluated fewer: "
         "rounds averaged) and the final round (non-private: diagnostics that epsilon does not cover)"
     )
     shown = [c for c in columns if c not in ("run_dir", "private")]
     for c in shown:
-        header = sweep.short_header(c, last)
+        header = sweep_table.short_header(c, last)
         # a non-private column's label must never be cut short: it is part of what the value means
         table.add_column(header, no_wrap=c != "status", min_width=max(map(len, header.splitlines())))
     for row in rows:
-        table.add_row(*[sweep.shown(c, row.get(c), row) for c in shown])
+        table.add_row(*[sweep_table.shown(c, row.get(c), row) for c in shown])
     console.print(table)
-    keys = [k for k in columns if k not in sweep.RESULT_COLUMNS]
+    keys = [k for k in columns if k not in sweep_table.RESULT_COLUMNS]
     per = Table(
         title=f"{base.name}: per setting, held-out accuracy = {stat}, mean over seeds +- 95% Student t interval "
         "(one seed: n=1, no interval); epsilon: certified after the final round"
@@ -340,24 +341,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for header in ("n", f"held-out acc\n{stat}", "final round\n(mean)", "epsilon", "failed"):
         per.add_column(header, no_wrap=True, min_width=max(map(len, header.splitlines())))
     spread = []
-    for s in sweep.summarise_settings(runs):
+    for s in sweep_table.summarise_settings(runs):
         acc = "n/a" if s.mean is None else f"{s.mean:.3f}"
         if s.half is not None:
             acc += f" +- {s.half:.3f}"
         elif s.mean is not None:
-            acc += f" ({sweep.interval_text(s.n)})"
+            acc += f" ({sweep_table.interval_text(s.n)})"
         lo, hi = s.eps_min, s.eps_max
         if s.private is False:
             eps = "inf (not private)"
         elif lo is None:
             eps = "n/a"
         elif lo == hi:
-            eps = sweep.shown("epsilon", lo)
+            eps = sweep_table.shown("epsilon", lo)
         else:
             eps = f"{lo:.3f}-{hi:.3f}"
-            spread.append(sweep._slug(s.setting))
+            spread.append(sweep_table._slug(s.setting))
         per.add_row(
-            *[sweep.shown(k, s.setting.get(k)) for k in keys],
+            *[sweep_table.shown(k, s.setting.get(k)) for k in keys],
             str(s.n),
             acc,
             "n/a" if s.final_mean is None else f"{s.final_mean:.3f}",
@@ -374,7 +375,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"table: {csv_path}; per setting: {summary_path}"
         + (f"; privacy-utility plot: {plot}" if plot else "")
     )
-    failed = [r for r in runs if sweep.run_failed(r.result)]
+    failed = [r for r in runs if sweep_table.run_failed(r.result)]
     if failed:
         console.print(
             f"[red]{len(failed)} of {len(runs)} runs failed; the others are written (run again to retry the runs "

@@ -13,6 +13,7 @@ import pytest
 
 from fedsim import sweep
 from fedsim.cli import main
+from fedsim.report import sweep_figure, sweep_table
 from fedsim.scenarios import load_scenario
 
 TINY = ["--set", "rounds=2", "--set", "data.num_clients=40"]
@@ -26,7 +27,7 @@ def _no_plots(monkeypatch):
     from fedsim.report.rundir import RunWriter
 
     monkeypatch.setattr(RunWriter, "write_plots", lambda self: [])
-    monkeypatch.setattr(sweep, "plot_privacy_utility", lambda *a, **k: None)
+    monkeypatch.setattr(sweep_figure, "plot_privacy_utility", lambda *a, **k: None)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -154,7 +155,7 @@ def test_a_killed_run_that_drew_from_the_operating_system_is_never_run_again(tmp
         out=out,
     )[1][0].overrides
     row = sweep.execute("noise-sweep", overrides, str(run))
-    assert row["status"].startswith("failed: refused, nothing changed") and sweep.run_failed(row)
+    assert row["status"].startswith("failed: refused, nothing changed") and sweep_table.run_failed(row)
     assert _files(out) == before
 
 
@@ -219,9 +220,9 @@ def test_ray_never_retries_a_sweep_task_and_a_lost_task_is_a_failed_row():
     pytest.importorskip("ray")
     options = sweep.remote_execute()._default_options
     assert options["max_retries"] == 0
-    run = sweep.SweepRun({}, 0, [], Path("x/seed0"))
+    run = sweep_table.SweepRun({}, 0, [], Path("x/seed0"))
     row = sweep.lost_task(run, RuntimeError("the worker died"))
-    assert row["status"].startswith("failed: its Ray task died") and sweep.run_failed(row)
+    assert row["status"].startswith("failed: its Ray task died") and sweep_table.run_failed(row)
 
 
 def test_config_differences_name_each_dotted_key_and_ignore_only_what_a_sweep_sets():

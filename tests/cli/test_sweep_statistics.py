@@ -14,20 +14,13 @@ import numpy as np
 import pytest
 from matplotlib.text import Text
 
-from fedsim import sweep
 from fedsim.cli import main
+from fedsim.report import sweep_table
 from fedsim.report.rundir import read_rows
+from fedsim.report.sweep_figure import privacy_utility_figure
+from fedsim.report.sweep_table import MEAN, SweepRun, add_statistics, last_k_mean, t_interval
 from fedsim.scenarios import ScenarioError, load_scenario
-from fedsim.sweep import (
-    MEAN,
-    SweepRun,
-    add_statistics,
-    last_k_mean,
-    plan_sweep,
-    privacy_utility_figure,
-    run_sweep,
-    t_interval,
-)
+from fedsim.sweep import plan_sweep, run_sweep
 
 # t quantiles at 0.975 (the 95% two-sided interval) from a table: 1 and 2 degrees of freedom
 T_1, T_2 = 12.706204736174694, 4.302652729749462
@@ -50,7 +43,7 @@ def test_the_last_k_mean_and_the_t_interval_on_known_numbers():
     assert (mean, n) == (2.0, 3) and half == pytest.approx(T_2 / math.sqrt(3))
     mean, half, n = t_interval([0.2, 0.4])  # sd 0.1 * sqrt(2): half = t * sd / sqrt(2) = t * 0.1
     assert mean == pytest.approx(0.3) and half == pytest.approx(T_1 * 0.1) and n == 2
-    assert t_interval([0.5]) == (0.5, None, 1) and sweep.interval_text(1) == "n=1, no interval"
+    assert t_interval([0.5]) == (0.5, None, 1) and sweep_table.interval_text(1) == "n=1, no interval"
     assert t_interval([]) == (None, None, 0)
 
 
