@@ -116,3 +116,143 @@ def exact_match(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """A user metric, one value per example: 1 when every scored token is predicted right."""
     right = (outputs.argmax(-1) == targets) | (targets == -100)
     return right.all(1).to(outputs.dtype)
+
+
+# --------------------------------------------------------------------------- language models as people write them
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one Linear for q, k, v, ``F.scaled_dot_product_attention`` with ``is_causal``."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, norm: str) -> None:
+        super().__init__()
+        make = nn.RMSNorm if norm == "rms" else nn.LayerNorm
+        self.ln1, self.ln2 = make(dim), make(dim)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    """A nanoGPT-style language model: token and position embeddings, pre-LN blocks, logits at every position.
+    ``positions``: ``"embedding"`` (``self.pos(torch.arange(T))``, as nanoGPT), ``"parameter"`` (a ``[T, dim]`` table
+    held by the model itself, added in forward) or ``"parameter-1xT"`` (``[1, 2T, dim]``, sliced to the input's
+    length); ``norm``: ``"layer"`` or ``"rms"`` (``nn.RMSNorm``)."""
+
+    def __init__(
+        self,
+        vocab: int,
+        length: int,
+        dim: int,
+        heads: int,
+        layers: int,
+        positions: str,
+        norm: str,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.positions = positions
+        if positions == "embedding":
+            self.pos = nn.Embedding(length, dim)
+        elif positions == "parameter":
+            self.pos = nn.Parameter(0.02 * torch.randn(length, dim))
+        else:  # "parameter-1xT": room for longer windows, sliced to the input's
+            self.pos = nn.Parameter(0.02 * torch.randn(1, 2 * length, dim))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(GPTBlock(dim, heads, norm) for _ in range(layers))
+        self.ln_f = nn.RMSNorm(dim) if norm == "rms" else nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if self.positions == "embedding":
+            pos = self.pos(torch.arange(t, device=idx.device))
+        elif self.positions == "parameter":
+            pos = self.pos
+        else:
+            pos = self.pos[:, :t]
+        x = self.drop(self.tok(idx) + pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def tiny_gpt(
+    input_shape,
+    num_classes,
+    dim: int = 8,
+    heads: int = 2,
+    layers: int = 2,
+    positions: str = "embedding",
+    norm: str = "layer",
+    dropout: float = 0.1,
+):
+    return TinyGPT(num_classes, input_shape[0], dim, heads, layers, positions, norm, dropout)
+
+
+class GRULanguageModel(nn.Module):
+    """Embedding -> a 2-layer GRU with dropout between its layers -> logits at every position."""
+
+    def __init__(self, vocab: int, dim: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.gru = nn.GRU(dim, dim, num_layers=2, dropout=dropout, batch_first=True)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.gru(self.embed(x))
+        return self.head(h)
+
+
+def gru_lm(input_shape, num_classes, dim: int = 8, dropout: float = 0.2):
+    return GRULanguageModel(num_classes, dim, dropout)
+
+
+class EncoderLM(nn.Module):
+    """A causal language model from torch's own layers, with a boolean causal mask (True: not attended), as
+    ``torch.triu(torch.ones(T, T, dtype=torch.bool), 1)`` writes it. ``norm_first=False`` (post-LN) is torch's
+    default; ``attention``: ``"encoder"`` (nn.TransformerEncoderLayer) or ``"mha"`` (nn.MultiheadAttention alone)."""
+
+    def __init__(self, vocab: int, length: int, dim: int, norm_first: bool, attention: str) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(length, dim)
+        self.attention = attention
+        if attention == "mha":
+            self.mha = nn.MultiheadAttention(dim, 2, batch_first=True)
+        else:
+            self.layer = nn.TransformerEncoderLayer(
+                dim, 2, 2 * dim, dropout=0.0, batch_first=True, norm_first=norm_first
+            )
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
+        h = self.embed(x) + self.pos(torch.arange(t, device=x.device))
+        if self.attention == "mha":
+            h = h + self.mha(h, h, h, attn_mask=mask, need_weights=False)[0]
+        else:
+            h = self.layer(h, src_mask=mask, is_causal=True)
+        return self.head(h)
+
+
+def encoder_lm(input_shape, num_classes, dim: int = 8, norm_first: bool = False, attention: str = "encoder"):
+    return EncoderLM(num_classes, input_shape[0], dim, norm_first, attention)

@@ -9,10 +9,12 @@ the rules here are registered per layer type (:func:`register`), found by walkin
 ``named_modules()``; no rule knows a model's class or its parameter names.
 
 * Layers with parameters: Linear (batched matrix products), Conv1d/Conv2d/Conv3d (one grouped convolution
-  with K groups), LayerNorm and GroupNorm (the normalisation is per example; the affine part per client), Embedding
-  (one lookup in the clients' tables stacked end to end); RNN, LSTM and GRU (the input projections of all time
-  steps in one batched product, the recurrence one batched product per step, its backward written out) and
-  MultiheadAttention (per-client projections around one attention over the stacked batch), in
+  with K groups), LayerNorm, RMSNorm and GroupNorm (the normalisation is per example; the affine part per client),
+  Embedding (one lookup in the clients' tables stacked end to end; on ids without the batch axis, nanoGPT's
+  ``self.pos(torch.arange(T))``, each example gets its client's rows, :func:`_shared_embedding`); RNN, LSTM and
+  GRU (the input projections of all time steps in one batched product, the recurrence one batched product per
+  step, its backward written out) and MultiheadAttention (per-client projections around one attention over the
+  stacked batch), in
   :mod:`fedsim.training.sequence_layers`. With these, ``nn.TransformerEncoderLayer`` and ``nn.TransformerEncoder``
   need no rule of their own: their children have rules.
 * A rule may own its layer's descendants (:func:`register`'s ``owns_children``): MultiheadAttention's forward
@@ -21,7 +23,12 @@ the rules here are registered per layer type (:func:`register`), found by walkin
 * Parameter-free layers that act on each example alone (activations, Flatten, pooling, ...) need no rule:
   they run as they are on the ``K * B`` batch (:data:`PER_EXAMPLE`).
 * Dropout draws each client's masks from the client's own generator (:class:`DropoutMasks`), the same masks
-  the per-client loop draws, so both paths train identically.
+  the per-client loop draws, so both paths train identically; so does the dropout torch applies inside a layer
+  (between a recurrent layer's layers, on attention weights), whose rule draws the masks in the loop too
+  (:func:`register`'s ``draws`` and ``alone``).
+* A model's own parameters, held next to its layers and used by its ``forward`` directly (a table of positions,
+  ``x + self.pos``), read during the stacked call as each example's client's copy, ``[K * B, *shape]``
+  (:func:`_per_example_parameters`); a scalar one is refused (its broadcast axes cannot be known).
 * BatchNorm is refused for every path (:func:`fedsim.factories.check_private_trainable`).
 
 Code in a model's ``forward`` between layers (``x.flatten(1)``, ``torch.relu``, a residual ``+``) runs on
@@ -58,6 +65,10 @@ class LayerRule:
     forward: Rule
     owns_children: bool = False
     check: Check | None = None
+    #: whether the layer, as configured, draws dropout in training mode (its rule then draws each client's masks)
+    draws: Callable[[nn.Module], bool] | None = None
+    #: the layer run for one client with its own parameters and that client's masks (the per-client loop)
+    alone: Rule | None = None
 
 
 #: layer type -> its rule: ``forward(module, params, k, masks, x, *args, **kwargs)`` on ``x [K*B, ...]`` with
@@ -96,7 +107,11 @@ class Unsupported(Exception):
 
 
 def register(
-    *types: type[nn.Module], owns_children: bool = False, check: Check | None = None
+    *types: type[nn.Module],
+    owns_children: bool = False,
+    check: Check | None = None,
+    draws: Callable[[nn.Module], bool] | None = None,
+    alone: Rule | None = None,
 ) -> Callable[[Rule], Rule]:
     """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule).
 
@@ -107,11 +122,15 @@ def register(
     ``owns_children``: the rule also applies the parameters of the layer's descendants (``params`` then holds
     them by their names relative to the layer, ``"out_proj.weight"``), and :func:`plan` neither visits nor
     refuses the descendants. ``check(module)``: why the rule cannot run this layer as it is configured, or
-    ``None``; :func:`plan` refuses the model with that reason and the layer's place in it."""
+    ``None``; :func:`plan` refuses the model with that reason and the layer's place in it.
+
+    ``draws(module)``: whether the layer, as configured, draws dropout in training mode; its rule then draws each
+    client's masks from ``masks`` (:class:`DropoutMasks`), and ``alone(module, {}, 1, masks, x, ...)`` runs the layer
+    for one client with its own parameters, drawing the same masks (the per-client loop, :func:`client_dropout`)."""
 
     def deco(rule: Rule) -> Rule:
         for t in types:
-            RULES[t] = LayerRule(rule, owns_children, check)
+            RULES[t] = LayerRule(rule, owns_children, check, draws, alone)
         return rule
 
     return deco
@@ -222,6 +241,30 @@ def _embedding(
     return out
 
 
+def _shared_embedding(
+    m: nn.Embedding, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor, *, batch: int
+) -> torch.Tensor:
+    """An ``nn.Embedding`` called on ids without the batch axis, the same for every example (nanoGPT's positions,
+    ``self.pos(torch.arange(T))``): torch returns ``[*x.shape, dim]``, which the model broadcasts against its batched
+    activations. Here each example gets its own client's rows, ``[N, *x.shape, dim]`` for the ``N = K * B`` stacked
+    examples (a leading axis of 1, ids ``[1, T]``, becomes the ``N`` axis), an expanded view: the same broadcast gives
+    each example its client's rows, and autograd sums each client's gradient over its examples, scattered to the
+    ids. Whether a call is batched is found by :meth:`StackedModel.trace`, never from the shapes of the stacked call
+    (``T`` may equal ``N``); what the model does with the result is checked by :func:`check_agreement`."""
+    w = p["weight"]  # [K, num_embeddings, dim]
+    v = w.shape[1]
+    if x.numel():
+        lo, hi = (int(e) for e in torch.aminmax(x))
+        if lo < 0 or hi >= v:
+            raise IndexError(f"nn.Embedding: an id outside [0, {v}) (got {lo} .. {hi})")
+    ids = x[0] if x.dim() and x.shape[0] == 1 else x
+    out = w[:, ids]  # [K, *ids.shape, dim]: client k's rows
+    if m.padding_idx is not None:
+        out = torch.where((ids == m.padding_idx).unsqueeze(-1), out.detach(), out)
+    b = batch // k
+    return out.unsqueeze(1).expand(k, b, *out.shape[1:]).flatten(0, 1)
+
+
 @register(nn.LayerNorm)
 def _layer_norm(
     m: nn.LayerNorm, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor
@@ -239,7 +282,16 @@ def _layer_norm(
     return yk.reshape(y.shape)
 
 
-@register(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+@register(nn.RMSNorm)
+def _rms_norm(m: nn.RMSNorm, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
+    """``nn.RMSNorm``: the normalisation is per example, the scale per client (as :func:`_layer_norm`)."""
+    shape = tuple(m.normalized_shape)
+    y = F.rms_norm(x, shape, None, m.eps)
+    w = p.get("weight")
+    return y if w is None else (y.reshape(k, -1, *shape) * w.unsqueeze(1)).reshape(y.shape)
+
+
+@register(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, draws=lambda m: True)
 def _dropout(m: nn.Dropout, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
     if not m.training or m.p == 0.0:
         return x
@@ -316,6 +368,13 @@ _TAG_DROPOUT = 0xD809
 
 
 # --------------------------------------------------------------------------- the stacked model
+def _direct_parameters(*args: Any, **kwargs: Any) -> Any:
+    """The marker of :func:`plan` for parameters a module's own ``forward`` uses directly, outside its layers (a
+    table of positions held by the model): not a rule (the module's forward runs as it is); during the stacked call
+    the module's attribute reads as each example's client's copy (:meth:`StackedModel._bind`)."""
+    raise AssertionError("_direct_parameters marks parameters; it is never called")
+
+
 @dataclass(frozen=True)
 class _Bound:
     module: nn.Module
@@ -348,10 +407,22 @@ def plan(model: nn.Module) -> list[_Bound]:
             prefix = f"{name}." if name else ""
             out.append(_Bound(m, rule.forward, {n: prefix + n for n in own}))
         elif own:
-            raise Unsupported(
-                f"{type(m).__name__} at {name or '<root>'!r} holds parameters ({', '.join(own)}) and no "
-                "per-layer rule is registered for its type"
-            )
+            if not any(True for _ in m.children()):  # a layer: its forward is the operation, and has no rule
+                raise Unsupported(
+                    f"{type(m).__name__} at {name or '<root>'!r} holds parameters ({', '.join(own)}) and no "
+                    "per-layer rule is registered for its type"
+                )
+            # a model's own parameters, next to its layers, used by the code between them (a table of positions)
+            scalars = [n for n, p in own.items() if p.dim() == 0]
+            if scalars:
+                raise Unsupported(
+                    f"{type(m).__name__} at {name or '<root>'!r} holds a scalar parameter ({', '.join(scalars)}) "
+                    "that its forward uses directly: torch broadcasts a scalar over every axis, and giving each "
+                    "example its client's copy needs the axes it meets, which the per-layer path cannot know (a "
+                    "parameter with axes is given as [batch, *shape])"
+                )
+            prefix = f"{name}." if name else ""
+            out.append(_Bound(m, _direct_parameters, {n: prefix + n for n in own}))
         elif not any(True for _ in m.children()) and type(m) not in PER_EXAMPLE:
             raise Unsupported(f"layer {type(m).__name__} at {name!r} has no per-layer rule")
     return out
@@ -363,11 +434,88 @@ class StackedModel:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.bound = plan(model)
+        #: the Embedding layers called on ids without the batch axis (:meth:`trace`; ``None``: not traced yet)
+        self.shared: set[int] | None = None
+
+    def trace(self, x: torch.Tensor) -> None:
+        """Find which Embedding layers are called on ids without the batch axis (nanoGPT's positions): run the model
+        as it is (in eval mode, without gradients) on the first of the examples ``x [B, *input]``, alone and twice,
+        and compare the ids each Embedding gets. Ids whose first axis doubles are batched (``[n, T]``, or flattened
+        ``[n * T]``); ids of the same shape whatever the batch are shared by every
+        example (:func:`_shared_embedding`); anything else is :class:`Unsupported`, naming the layer. Found from the
+        model run alone, never from the stacked call's shapes, where a sequence length may equal the stacked batch."""
+        names = {id(m): name for name, m in self.model.named_modules()}
+        embeddings = [b.module for b in self.bound if b.rule is _embedding]
+        self.shared = set()
+        if not embeddings:
+            return
+        seen: dict[int, list[tuple[int, ...]]] = {}
+
+        def hook(m: nn.Module, args: tuple[Any, ...]) -> None:
+            ids = args[0] if args else None
+            seen.setdefault(id(m), []).append(tuple(ids.shape) if isinstance(ids, torch.Tensor) else ())
+
+        one = x[:1]
+        runs = []
+        modes = {m: m.training for m in self.model.modules()}
+        handles = [m.register_forward_pre_hook(hook) for m in embeddings]
+        try:
+            self.model.eval()  # the shapes, without drawing dropout from torch's generator
+            with torch.no_grad():
+                for batch in (one, one.expand(2, *one.shape[1:])):
+                    seen.clear()
+                    self.model(batch)
+                    runs.append(dict(seen))
+        finally:
+            for h in handles:
+                h.remove()
+            for m, mode in modes.items():
+                m.training = mode
+        for m in embeddings:
+            calls1, calls2 = runs[0].get(id(m), []), runs[1].get(id(m), [])
+            kinds = set()
+            for s1, s2 in zip(calls1, calls2, strict=False):
+                if s1 and s2 and s2[0] == 2 * s1[0] > 0 and s1[1:] == s2[1:]:  # [n, ...] or flattened [n * T]
+                    kinds.add("batched")
+                elif s1 == s2:
+                    kinds.add("shared")
+                else:
+                    kinds.add(f"ids of shape {s1} for 1 example and {s2} for 2")
+            where = f"nn.Embedding at {names.get(id(m), '?')!r}"
+            if len(calls1) != len(calls2):
+                raise Unsupported(
+                    f"{where} is called {len(calls1)} times for 1 example and {len(calls2)} for 2"
+                )
+            odd = sorted(kind for kind in kinds if kind not in ("batched", "shared"))
+            if odd:
+                raise Unsupported(
+                    f"{where} is called on {odd[0]}: its per-layer rule takes ids whose first axis is the batch, or "
+                    "ids shared by every example (without the batch axis)"
+                )
+            if kinds == {"batched", "shared"}:
+                raise Unsupported(f"{where} is called both on batched ids and on ids without the batch axis")
+            if kinds == {"shared"}:
+                self.shared.add(id(m))
 
     @contextlib.contextmanager
-    def _bind(self, params: dict[str, torch.Tensor], k: int, masks: Any) -> Iterator[None]:
-        with _rebound(
-            (b.module, b.rule, {n: params[full] for n, full in b.names.items()}, k, masks) for b in self.bound
+    def _bind(self, params: dict[str, torch.Tensor], k: int, n: int, masks: Any) -> Iterator[None]:
+        shared = self.shared or set()
+        layers = [b for b in self.bound if b.rule is not _direct_parameters]
+        direct = [b for b in self.bound if b.rule is _direct_parameters]
+        with (
+            _rebound(
+                (
+                    b.module,
+                    functools.partial(_shared_embedding, batch=k * n) if id(b.module) in shared else b.rule,
+                    {name: params[full] for name, full in b.names.items()},
+                    k,
+                    masks,
+                )
+                for b in layers
+            ),
+            _per_example_parameters(
+                (b.module, local, params[full], n) for b in direct for local, full in b.names.items()
+            ),
         ):
             yield
 
@@ -376,7 +524,9 @@ class StackedModel:
     ) -> torch.Tensor:
         """``x [K, B, *input]`` -> outputs ``[K, B, *out]`` with client k's parameters ``params[name][k]``."""
         k, n = x.shape[0], x.shape[1]
-        with self._bind(params, k, masks):
+        if self.shared is None:
+            self.trace(x[0])
+        with self._bind(params, k, n, masks):
             out = self.model(x.reshape(k * n, *x.shape[2:]))
         if not isinstance(out, torch.Tensor) or out.shape[0] != k * n:
             raise Unsupported(
@@ -386,16 +536,43 @@ class StackedModel:
 
 
 def dropout_layers(model: nn.Module) -> list[nn.Module]:
-    """The Dropout layers of ``model`` that draw per-client masks."""
-    return [m for m in model.modules() if type(m) in RULES and RULES[type(m)].forward is _dropout]
+    """The layers of ``model`` that draw per-client dropout masks: its Dropout layers, and the layers whose rule
+    draws the dropout torch applies inside them (between a recurrent layer's layers)."""
+    out = []
+    for m in model.modules():
+        rule = RULES.get(type(m))
+        if rule is not None and rule.draws is not None and rule.draws(m):
+            out.append(m)
+    return out
 
 
 @contextlib.contextmanager
 def client_dropout(model: nn.Module, masks: DropoutMasks | None) -> Iterator[None]:
-    """One client's forward with its Dropout layers drawing from ``masks`` (the per-client loop and the
-    reference of :func:`check_agreement`); a no-op for a model without Dropout."""
-    with _rebound((m, _dropout, {}, 1, masks) for m in dropout_layers(model)):
+    """One client's forward with the layers that draw dropout drawing from ``masks`` (the per-client loop and the
+    reference of :func:`check_agreement`); a no-op for a model without dropout."""
+    with _rebound(
+        (m, RULES[type(m)].alone or RULES[type(m)].forward, {}, 1, masks) for m in dropout_layers(model)
+    ):
         yield
+
+
+@contextlib.contextmanager
+def _per_example_parameters(swaps: Iterable[tuple[nn.Module, str, torch.Tensor, int]]) -> Iterator[None]:
+    """For the duration, each ``(module, name, stacked [K, *shape], B)``'s parameter reads as ``[K * B, *shape]``
+    (the leading axis of 1 of a parameter of two axes or more, ``[1, T, dim]``, becomes the ``K * B`` axis): each
+    example of the stacked batch gets its client's copy, as torch would broadcast the parameter against one client's
+    batch. What the module's code does with it is checked by :func:`check_agreement`; autograd sums each client's
+    gradient over its examples."""
+    saved: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for module, name, stacked, b in swaps:
+            v = stacked[:, 0] if stacked.dim() > 2 and stacked.shape[1] == 1 else stacked
+            saved.append((module, name, module._parameters[name]))
+            module._parameters[name] = v.unsqueeze(1).expand(v.shape[0], b, *v.shape[1:]).flatten(0, 1)
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            module._parameters[name] = original
 
 
 @contextlib.contextmanager
@@ -441,6 +618,11 @@ def check_agreement(
     from torch.func import functional_call
 
     k, b = 2, 3
+    # the stacked batch's size differs from every axis of an example, so that a model whose code confuses the two
+    # (an Embedding on ids without the batch axis, sliced by the sequence length) fails here, not by chance later
+    dims = set(input_shape if examples is None else examples[0].shape[1:])
+    while k * b in dims:
+        b += 1
     real = [b, b - 1]  # client 1's batch is padded, as a ragged client's last batch is
     gen = torch.Generator().manual_seed(1234)
     base = {n: p.detach() for n, p in model.named_parameters()}

@@ -21,13 +21,16 @@ returns, in the same shapes and layouts.
   ``out_proj`` child, whose parameters torch's forward reads directly. ``nn.TransformerEncoderLayer`` and
   ``nn.TransformerEncoder`` need nothing more: their other children are Linear, LayerNorm and Dropout.
 
+Dropout inside the layers, in training mode, draws each client's masks from its own generator
+(:class:`~fedsim.training.layers.DropoutMasks`), as ``nn.Dropout`` does: between a recurrent layer's layers (a mask
+``[B, T, features]`` per client on every layer's output but the last, as torch applies it) and on attention weights
+(``[B, heads, L, S]`` after the softmax, as torch applies it; the explicit softmax is then used), which includes every
+``nn.TransformerEncoderLayer`` built with ``dropout > 0``. The per-client loop runs these layers through the same
+rules, one client at a time (``alone``), so both paths draw the same masks.
+
 Refused with :class:`~fedsim.training.layers.Unsupported`, naming the layer and why (``auto`` then tries vmap):
-input these rules do not take (a ``PackedSequence``, an unbatched sequence), options they do not implement (LSTM's
-``proj_size``; attention's ``add_bias_kv`` and ``add_zero_attn``), and dropout inside the layer in training mode:
-between an RNN's layers, and on attention weights, which includes every ``nn.TransformerEncoderLayer`` built with
-``dropout > 0`` (it passes its rate to its attention). Torch draws that dropout from its global generator inside the
-layer, where the clients cannot be given their own masks; an ``nn.Dropout`` module gets each client's
-(:class:`~fedsim.training.layers.DropoutMasks`).
+input these rules do not take (a ``PackedSequence``, an unbatched sequence) and options they do not implement (LSTM's
+``proj_size``; attention's ``add_bias_kv`` and ``add_zero_attn``).
 """
 
 from __future__ import annotations
@@ -41,10 +44,6 @@ from torch.nn.utils.rnn import PackedSequence
 
 from .layers import Unsupported, register, stacked_linear
 
-_DROPOUT = (
-    "torch draws that dropout from its global generator inside the layer, where the clients cannot be given their "
-    "own masks"
-)
 _UNBATCHED = "without a batch dimension, the stacked batch's clients cannot be told apart"
 
 
@@ -240,14 +239,29 @@ class _GRURecurrence(torch.autograd.Function):
 def _recurrent_check(m: nn.RNNBase) -> str | None:
     if m.proj_size > 0:
         return "with proj_size > 0 (an LSTM with projections) has no per-layer rule"
-    if m.training and m.dropout > 0 and m.num_layers > 1:  # torch applies it between layers only
-        return (
-            f"with dropout={m.dropout} between its layers in training mode has no per-layer rule: {_DROPOUT}"
-        )
     return None
 
 
-@register(nn.RNN, nn.LSTM, nn.GRU, check=_recurrent_check)
+def _recurrent_draws(m: nn.RNNBase) -> bool:
+    """Torch applies a recurrent layer's ``dropout`` to the outputs of all its layers but the last."""
+    return m.dropout > 0 and m.num_layers > 1
+
+
+def _recurrent_alone(
+    m: nn.RNNBase, p: dict[str, torch.Tensor], k: int, masks: Any, input: torch.Tensor, hx: Any = None
+) -> tuple[torch.Tensor, Any]:
+    """The layer for one client, with its own parameters (read when called: ``functional_call`` may have swapped
+    them) and the client's dropout masks between its layers: the per-client loop's forward of a recurrent layer
+    with dropout, drawing the masks the stacked rule draws for that client."""
+    if isinstance(input, PackedSequence) or input.dim() == 2 or _recurrent_check(m) is not None:
+        return type(m).forward(
+            m, input, hx
+        )  # what the rule does not take: torch's own layer, and its dropout
+    own = {name: getattr(m, name).unsqueeze(0) for name in m._flat_weights_names}
+    return _recurrent(m, own, 1, masks, input, hx)
+
+
+@register(nn.RNN, nn.LSTM, nn.GRU, check=_recurrent_check, draws=_recurrent_draws, alone=_recurrent_alone)
 def _recurrent(
     m: nn.RNNBase,
     p: dict[str, torch.Tensor],
@@ -311,6 +325,13 @@ def _recurrent(
             outs.append(hs)
             h_n.append(hs[:, 0] if reverse else hs[:, -1])
         x = outs[0] if dirs == 1 else torch.cat(outs, -1)
+        # as torch: dropout on every layer's output but the last
+        if m.training and m.dropout > 0 and layer < layers - 1:
+            if masks is None:
+                raise RuntimeError(f"{what} with dropout ran in training mode without per-client masks")
+            # each client's mask for its examples [B, T, features], as the per-client loop draws it
+            drop = masks.draw((n, steps, x.shape[-1]), k, float(m.dropout), x)
+            x = x * drop.view(k, b, steps, -1).transpose(1, 2)
     out = (
         x.transpose(1, 2).reshape(n, steps, -1) if m.batch_first else x.transpose(0, 1).reshape(steps, n, -1)
     )
@@ -333,15 +354,42 @@ def _attention_check(m: nn.MultiheadAttention) -> str | None:
         return "with add_bias_kv=True has no per-layer rule"
     if m.add_zero_attn:
         return "with add_zero_attn=True has no per-layer rule"
-    if m.training and m.dropout > 0:
-        return (
-            f"with dropout={m.dropout} on its attention weights in training mode has no per-layer rule (an "
-            f"nn.TransformerEncoderLayer passes its own dropout to its attention): {_DROPOUT}"
-        )
     return None
 
 
-@register(nn.MultiheadAttention, owns_children=True, check=_attention_check)
+def _own_parameters(m: nn.Module) -> dict[str, torch.Tensor]:
+    """``m``'s parameters and its descendants', as ``[1, *shape]``, read when called (``functional_call`` may have
+    swapped them): one client's stacked parameters."""
+    out = {}
+    for name, _ in m.named_parameters():
+        owner = m
+        *path, last = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        out[name] = getattr(owner, last).unsqueeze(0)
+    return out
+
+
+def _attention_alone(
+    m: nn.MultiheadAttention, p: dict[str, torch.Tensor], k: int, masks: Any, *args: Any, **kw: Any
+):
+    """The layer for one client with its own parameters and the client's masks on its attention weights: the
+    per-client loop's forward of an attention layer with dropout, drawing the masks the stacked rule draws."""
+    query = args[0] if args else kw.get("query")
+    if not isinstance(query, torch.Tensor) or query.dim() != 3 or _attention_check(m) is not None:
+        return type(m).forward(
+            m, *args, **kw
+        )  # what the rule does not take: torch's own layer, and its dropout
+    return _multihead_attention(m, _own_parameters(m), 1, masks, *args, **kw)
+
+
+@register(
+    nn.MultiheadAttention,
+    owns_children=True,
+    check=_attention_check,
+    draws=lambda m: m.dropout > 0,
+    alone=_attention_alone,
+)
 def _multihead_attention(
     m: nn.MultiheadAttention,
     p: dict[str, torch.Tensor],
@@ -423,14 +471,27 @@ def _multihead_attention(
     values = values.reshape(n, src, heads, hd).transpose(1, 2)
 
     weights = None
-    if need_weights:
+    dropout = m.dropout if m.training else 0.0
+    if need_weights or dropout > 0:
         logits = torch.matmul(q * hd**-0.5, keys.transpose(-2, -1))
+        if causal:
+            logits = logits.masked_fill(
+                torch.ones(tgt, src, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+            )
         if mask is not None:
             logits = logits + mask
         weights = torch.softmax(logits, dim=-1)
+        if dropout > 0:  # as torch, on the attention weights (those returned too): each client's masks
+            if masks is None:
+                raise RuntimeError(
+                    "nn.MultiheadAttention with dropout ran in training mode without per-client masks"
+                )
+            weights = weights * masks.draw((n, heads, tgt, src), k, float(dropout), weights)
         attn = torch.matmul(weights, values)
         if average_attn_weights:
             weights = weights.mean(dim=1)
+        if not need_weights:
+            weights = None
     else:
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal)
     attn = attn.transpose(1, 2).reshape(k, b * tgt, e)

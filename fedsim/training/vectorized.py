@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -243,7 +245,7 @@ def choose_path(
                 fallbacks.append(_refusal("per-layer", exc, examples))
         try:
             # vmap's dropout is not the per-client generators': check it with dropout off
-            model.train(not dropout_layers(model))
+            model.train(not dropout_layers(model))  # those inside a layer too (a GRU's, attention's)
             step = _vmap_step(model, loss)
             _probe(step, model, input_shape, num_classes, loss, device, examples)
             return TrainingPath("vmap", step, tuple(fallbacks), acts)
@@ -258,11 +260,29 @@ def choose_path(
 
 def _refusal(path: str, exc: Exception, examples: Any) -> str:
     """Why ``path`` cannot train the model, as ``summary.json`` publishes it: an error raised on real examples is
-    named by its type only (its text may quote them, an id), the whole message going to the worker's log."""
-    if examples is None:
+    named by its type and where it was raised only (its text may quote them, an id); the whole message is logged
+    at INFO (``fedsim.training.vectorized``), and asking for the path (``engine.vectorize``) stops the run with
+    it, whatever the engine. The check's own refusals (:class:`Unsupported`: which client's loss or parameter's
+    gradient differs) quote nothing computed from the examples and are published whole."""
+    if examples is None or isinstance(exc, Unsupported):
         return f"{path}: {type(exc).__name__}: {exc}"
     log.info("%s refused on real examples: %s: %s", path, type(exc).__name__, exc)
-    return f"{path}: {type(exc).__name__} on real examples (its message: the worker's log)"
+    return (
+        f"{path}: {type(exc).__name__} raised{_raised_in(exc)} on real examples (its message is not published: it "
+        f"may quote them; engine.vectorize={path!r} stops the run with it)"
+    )
+
+
+def _raised_in(exc: BaseException) -> str:
+    """`` in <function> (<file>:<line>)`` for the innermost frame of ``exc`` outside torch, or ``""``: where a user's
+    model failed, without the message."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(os.__file__))
+    outside = [f for f in frames if not f.filename.startswith(skip)]
+    if not outside:
+        return ""
+    f = outside[-1]
+    return f" in {f.name} ({os.path.basename(f.filename)}:{f.lineno})"
 
 
 def _chunk_size(trainer: Any, batch_size: int, memory_budget: int) -> int:

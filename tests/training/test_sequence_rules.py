@@ -22,7 +22,14 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from fedsim.data import build_federated_data
 from fedsim.factories import cross_entropy
 from fedsim.models import build_model
-from fedsim.training.layers import RULES, StackedModel, Unsupported, plan
+from fedsim.training.layers import (
+    RULES,
+    DropoutMasks,
+    StackedModel,
+    client_dropout,
+    dropout_layers,
+    plan,
+)
 from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 from fedsim.training.vectorized import choose_path
 
@@ -347,10 +354,47 @@ def test_dropout_inside_a_layer_is_fine_where_torch_applies_none():
     torch.manual_seed(0)
     one_layer = nn.GRU(6, 4, num_layers=1, dropout=0.3, batch_first=True)  # torch drops only between layers
     assert_per_layer(Recurrent(one_layer, initial_state=False, per_token=False))
-    model = Recurrent(nn.LSTM(6, 4, num_layers=2, dropout=0.3, batch_first=True), False, False)
-    assert plan(model.eval())  # no dropout in eval mode
-    with pytest.raises(Unsupported, match=r"with dropout=0\.3 between its layers in training mode"):
-        plan(model.train())
+    assert not dropout_layers(one_layer)
+
+
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "time-first"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["", "bidirectional"])
+@pytest.mark.parametrize("kind", RECURRENT)
+def test_dropout_between_recurrent_layers_is_torchs_with_each_clients_masks(kind, bidirectional, batch_first):
+    """A 3-layer recurrent layer with ``dropout``, for one client with its masks, is torch's single layers run one
+    after the other with that client's masks (drawn from its generator, [B, T, features]) on the outputs of all but
+    the last: torch's dropout, with the masks fedsim gives each client; the stacked rule draws the same masks."""
+    cls, options = RECURRENT[kind]
+    torch.manual_seed(0)
+    layer = cls(3, 4, 3, dropout=0.4, batch_first=batch_first, bidirectional=bidirectional, **options).train()
+    assert dropout_layers(layer) == [layer]
+
+    def run(m, v):  # v [n, T, 3], batch first whatever the layer's layout
+        out = m(v if m.batch_first else v.transpose(0, 1))[0]
+        return out if m.batch_first else out.transpose(0, 1)
+
+    model = Probe(layer, run)
+    x = torch.randn(2, 5, 3)
+    with client_dropout(model, DropoutMasks.for_clients(7, 1, [3], CPU)):
+        got = model(x)
+    masks = DropoutMasks.for_clients(7, 1, [3], CPU)  # the same generator, drawn again by hand
+    dirs = 2 if bidirectional else 1
+    h = x
+    for i in range(3):
+        single = cls(h.shape[-1], 4, batch_first=True, bidirectional=bidirectional, **options)
+        for name in single._flat_weights_names:
+            setattr(single, name, nn.Parameter(getattr(layer, name.replace("_l0", f"_l{i}"))))
+        h = single(h)[0]
+        if i < 2:
+            h = h * masks.draw((2, 5, 4 * dirs), 1, 0.4, h)
+    torch.testing.assert_close(got, h, rtol=1e-5, atol=1e-6)
+    # two clients stacked, both with client 3's generator and parameters: each gets exactly the loop's output
+    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape) for n, p in model.named_parameters()}
+    stacked = StackedModel(model).forward(
+        params, torch.stack([x, x]), DropoutMasks.for_clients(7, 1, [3, 3], CPU)
+    )
+    torch.testing.assert_close(stacked[0], got, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stacked[1], got, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- training: the per-client loop's updates
@@ -368,10 +412,71 @@ class Dropped(nn.Module):
         return self.head(self.drop(out[:, -1]))
 
 
+class DroppedEncoder(nn.Module):
+    """Two post-LN ``nn.TransformerEncoderLayer`` with torch's default dropout (0.1, also on the attention weights)
+    and a boolean causal mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        return self.head(self.encoder(self.embed(x), causal, masked_keys(x))[:, -1])
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "weights"])
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
+def test_dropout_on_attention_weights_is_torchs_with_each_clients_masks(need_weights, causal):
+    """Attention with ``dropout`` for one client with its masks is torch's attention with that client's masks
+    (drawn from its generator, [heads, L, S] per example) on the softmax weights; the stacked rule draws the same."""
+    torch.manual_seed(0)
+    layer = nn.MultiheadAttention(8, 2, dropout=0.3, batch_first=True).train()
+    length = 5
+    mask = nn.Transformer.generate_square_subsequent_mask(length) if causal else None
+
+    def run(m, v):
+        out, w = m(v, v, v, attn_mask=mask, is_causal=causal, need_weights=need_weights)
+        return out if w is None else torch.cat([out.flatten(1), w.flatten(1)], 1)
+
+    model = Probe(layer, run)
+    x = torch.randn(3, length, 8)
+    with client_dropout(model, DropoutMasks.for_clients(5, 2, [1], CPU)):
+        got = model(x)
+    drop = DropoutMasks.for_clients(5, 2, [1], CPU).draw((3, 2, length, length), 1, 0.3, x)
+    q, k, v = F.linear(x, layer.in_proj_weight, layer.in_proj_bias).chunk(3, -1)
+    q, k, v = (z.view(3, length, 2, 4).transpose(1, 2) for z in (q, k, v))
+    logits = q @ k.transpose(-2, -1) / 2.0
+    if causal:
+        logits = logits + mask
+    weights = torch.softmax(logits, -1) * drop
+    out = layer.out_proj((weights @ v).transpose(1, 2).reshape(3, length, 8))
+    want = out if not need_weights else torch.cat([out.flatten(1), weights.mean(1).flatten(1)], 1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = {n: p.detach().unsqueeze(0).expand(2, *p.shape) for n, p in model.named_parameters()}
+    stacked = StackedModel(model).forward(
+        params, torch.stack([x, x]), DropoutMasks.for_clients(5, 2, [1, 1], CPU)
+    )
+    torch.testing.assert_close(stacked[0], got, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stacked[1], got, rtol=1e-5, atol=1e-6)
+
+
 TRAINED = {
     "lstm-dropout": (lambda shape, classes: Dropped(), cross_entropy),
     "gru-initial-state-per-token": (
         lambda shape, classes: Recurrent(nn.GRU(6, 4, num_layers=2), initial_state=True, per_token=True),
+        every_position,
+    ),
+    "encoder-default-dropout": (  # nn.Dropout children and the attention weights' dropout: the loop's masks
+        lambda shape, classes: DroppedEncoder(),
+        cross_entropy,
+    ),
+    "gru-dropout-between-layers": (  # each client's masks, drawn as the loop draws them
+        lambda shape, classes: Recurrent(
+            nn.GRU(6, 4, num_layers=2, dropout=0.3, batch_first=True), initial_state=False, per_token=True
+        ),
         every_position,
     ),
     "encoder-padding-mask": (lambda shape, classes: Encoder(2, True, "gelu", False, False), cross_entropy),
@@ -453,17 +558,6 @@ REFUSED = {
         "LSTM at 'layer' with proj_size > 0 (an LSTM with projections) has no per-layer rule",
         ("vmap",),
     ),
-    "gru-dropout": (
-        lambda: nn.GRU(8, 4, num_layers=2, dropout=0.3, batch_first=True),
-        _last,
-        4,
-        "GRU at 'layer' with dropout=0.3 between its layers in training mode has no per-layer rule: torch draws "
-        "that dropout from its global generator",
-        (
-            "vmap",
-            "loop",
-        ),  # vmap's check, in training mode, sees torch's dropout differ from the model run alone
-    ),
     "packed-sequence": (
         lambda: nn.GRU(8, 4, batch_first=True),
         _packed,
@@ -497,14 +591,6 @@ REFUSED = {
         lambda m, e: torch.stack([m(s, s, s)[0][-1] for s in e]),
         8,
         "nn.MultiheadAttention on unbatched (2-D) input has no per-layer rule",
-        ("vmap",),
-    ),
-    "encoder-layer-dropout": (  # its nn.Dropout children are fine; the rate it passes to its attention is not
-        lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
-        lambda m, e: m(e)[:, -1],
-        8,
-        "MultiheadAttention at 'layer.self_attn' with dropout=0.1 on its attention weights in training mode has no "
-        "per-layer rule (an nn.TransformerEncoderLayer passes its own dropout to its attention)",
         ("vmap",),
     ),
 }

@@ -110,6 +110,15 @@ def test_a_refusal_on_real_examples_publishes_no_text_computed_from_them():
     path = choose_path(Branchy(), (5,), 2, loss, cpu, examples=(x, y))
     assert path.name == "loop"
     vmap = [f for f in path.fallbacks if f.startswith("vmap")]
-    assert vmap and vmap[0].endswith("on real examples (its message: the worker's log)"), vmap
+    # the exception's type and the line of the user's forward that raised it; where its message can be read
+    assert vmap and vmap[0].startswith("vmap: RuntimeError raised in forward (test_token_inputs.py:"), vmap
+    assert vmap[0].endswith(
+        "on real examples (its message is not published: it may quote them; engine.vectorize='vmap' stops the run "
+        "with it)"
+    ), vmap
+    with pytest.raises(
+        ValueError, match=r"engine\.vectorize='vmap' cannot train this model: .*data-dependent"
+    ):
+        choose_path(Branchy(), (5,), 2, loss, cpu, "vmap", examples=(x, y))
     with_random = choose_path(Branchy(), (5,), 2, loss, cpu)  # float-input models: the message as before
     assert any(f.startswith("vmap: ") and len(f) > 40 for f in with_random.fallbacks)
