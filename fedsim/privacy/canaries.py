@@ -26,6 +26,27 @@ whatever the mechanism did), the estimate with its confidence interval and its r
 reveal nothing give). Thousands of canaries are cheap: their updates enter the round's sum as one array, every
 cosine of a round is one matrix product, and the audit's p-values are summed only where they matter.
 
+Where the one-run bound holds. Steinke et al.'s Theorem 3 needs two things: each canary inserted by a fair coin
+independent of everything else (the coins are drawn on :data:`CANARY_STREAM`, which nothing else draws from), and a
+mechanism that is (epsilon, delta)-DP with respect to inserting or removing one canary, the others fixed. The bound
+is then about the whole run's output, whatever the rounds share: so it holds
+
+* under participation schedules (``cyclic``, ``min-separation``): a schedule gives an inserted canary its rounds as
+  it gives every client's. Direction ``j`` is always client ``first_id + j`` (inserted or not), so one canary's
+  coin moves no other client's id, and a cyclic group, keyed by the client id, is the same whoever else is
+  inserted; the sampler enforces the schedule on canaries as on everyone, so a canary takes part no more often
+  than the accountant's participation pattern allows;
+* under correlated noise (``tree``, ``banded-mf``, ``blt``): a canary that takes part in several rounds sees
+  noise correlated across them, and the ledger's certified epsilon is that of the whole correlated release under
+  the schedule, for add/remove neighbours, which is exactly the guarantee audited. The all-rounds statistic stays
+  a valid guess (any post-processing of the released models is); it may be a weaker attack there than a
+  statistic fitted to the mechanism, which only lowers the bound.
+
+It does not hold where the certified epsilon is not a guarantee about one canary's insertion: replace-one
+neighbours (fixed-size cohorts: inserting a canary changes everyone's sampling probability) and no clipping; nor
+where a canary would have to do more than submit its update (distributed noise shares, agnostic FL's losses).
+:meth:`scenarios.schema.Scenario._canaries_allowed` refuses those, saying what would be needed.
+
 Canaries exist only in simulation: a deployed ServerApp refuses them (a canary would be a fabricated client in a
 real population).
 """
@@ -81,10 +102,10 @@ class CanaryClients:
         self.seed = int(seed)
         #: each direction's norm (1 up to rounding), computed once: the cosines divide by it every round
         self._norms = np.linalg.norm(directions, axis=1)
-        rows = np.flatnonzero(self.included)
-        #: the inserted canaries' client ids (consecutive from ``first_id``), and the direction each one submits
-        self.ids = np.arange(first_id, first_id + rows.size, dtype=np.int64)
-        self._rows = rows
+        #: the inserted canaries' client ids: direction ``j`` is client ``first_id + j`` whether or not the others
+        #: are inserted, so that one canary's coin moves no other client (a schedule keyed by client id, such as
+        #: cyclic groups, gives every other canary the same rounds whether this one is inserted or not)
+        self.ids = int(first_id) + np.flatnonzero(self.included).astype(np.int64)
         self._first_id = int(first_id)
         self._ceiling: dict[str, Any] | None = None
         self.final = np.zeros(m)
@@ -110,10 +131,12 @@ class CanaryClients:
                 "clip", clip, "canaries need a finite clip (their update is scaled to it)"
             )
         pos = np.asarray(cids, dtype=np.int64) - self._first_id
-        if pos.size and (pos.min() < 0 or pos.max() >= self._rows.size):
-            bad = np.asarray(cids)[(pos < 0) | (pos >= self._rows.size)]
-            raise KeyError(f"not canary ids: {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}")
-        out = self.directions[self._rows[pos]]  # a copy (fancy indexing), scaled in place
+        valid = (pos >= 0) & (pos < self.included.size)
+        valid[valid] = self.included[pos[valid]]
+        if not np.all(valid):
+            bad = np.asarray(cids)[~valid]
+            raise KeyError(f"not inserted canary ids: {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}")
+        out = self.directions[pos]  # a copy (fancy indexing), scaled in place
         out *= clip
         return out
 

@@ -14,7 +14,11 @@ Two methods, each from one paper:
   auditor guesses "in" for the highest scores, "out" for the lowest and abstains on the rest. The number of
   correct guesses gives a p-value for the hypothesis "the training is (eps, delta)-DP" and hence an epsilon
   *lower bound* at a stated confidence (:func:`one_run_p_value`, :func:`one_run_lower_bound`,
-  :func:`one_run_audit`).
+  :func:`one_run_audit`). What it assumes is only that: the coins independent of everything else, and the
+  whole run (every output the guesser sees) (eps, delta)-DP with respect to inserting or removing one canary.
+  Nothing about independent rounds: a run whose rounds share correlated noise, or whose participation follows
+  a schedule, is audited against its whole-run epsilon (:mod:`fedsim.privacy.canaries` says where fedsim's
+  canaries meet this).
 
 Public API::
 

@@ -208,3 +208,46 @@ def test_registered_dataset_and_scenarios(fresh_cache):
         assert sc.data.num_clients == 100 and sc.privacy.sampling_rate * sc.data.num_clients == pytest.approx(
             10
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "targets", "stride"), [("shakespeare-fedavg", "sequence", 80)]
+)
+def test_the_non_private_baselines_run_plain_fedavg_with_the_papers_client_settings(
+    fresh_cache, name, targets, stride
+):
+    """The baselines private Shakespeare runs stand beside: no clipping and no noise (an infinite epsilon, never a
+    private label), 10 clients a round, one local epoch of SGD at lr 0.8 on batches of 10, server step 1 (FedAvg),
+    LEAF's LSTM (8-dim embedding, 2 layers) on windows of 80 characters; the FedAvg paper's per-position targets
+    in shakespeare-fedavg, in non-overlapping windows, each target the character after its input."""
+    from fedsim.data import build_federated_data
+    from fedsim.scenarios import load_scenario
+
+    sc = load_scenario(name)
+    p, c = sc.privacy, sc.client
+    assert (p.clip, p.noise_multiplier, p.target_epsilon, p.canaries) == (0.0, 0.0, None, 0)
+    assert (p.sampling, p.clients_per_round) == ("fixed", 10)
+    assert (c.local_epochs, c.batch_size, c.lr, c.momentum) == (1, 10, 0.8, 0.0)
+    assert (sc.server.optimizer, sc.server.lr) == ("sgd", 1.0)
+    assert (
+        sc.model.name == "lstm"
+        and sc.model.options()["embedding_dim"] == 8
+        and sc.model.options()["layers"] == 2
+    )
+    assert (sc.data.seq_len, sc.data.stride, sc.data.targets or "next") == (80, stride, targets)
+    fd = build_federated_data(
+        "shakespeare",
+        num_clients=12,
+        heldout_fraction=0.1,
+        seed=0,
+        seq_len=80,
+        stride=stride,
+        max_samples_per_client=4,
+        targets=sc.data.targets,
+    )
+    x, y = fd.client_data(0)
+    if targets == "sequence":
+        assert y.shape == x.shape and np.array_equal(x[:, 1:], y[:, :-1])
+        assert np.all(np.diff(fd.client_starts(0)) >= 80)  # no character is a target twice in an epoch
+    else:
+        assert y.shape == (x.shape[0],)
