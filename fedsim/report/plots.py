@@ -5,13 +5,17 @@ from any finished or stopped run):
 
 * ``epsilon.png``: epsilon per round for each certified accountant (dp-accounting's PLD and RDP; the run's own from
   its rows, the other from its ledger), with the paper's IGMM bound as printed and the corrected closed form beside
-  them, on a log scale; rounds where the printed bound is undefined are named in the legend. A run that is not
-  private (noise multiplier 0) gets a panel that says its epsilon is infinite at every round;
+  them, on a log scale where the values span a factor of 4 or more (labelled densely enough to read over less
+  than a decade), else a linear one; rounds where a bound is undefined are counted in the legend, and a bound
+  undefined at every round is not drawn and the title says so. A run that is not private (noise multiplier 0)
+  gets a panel that says its epsilon is infinite at every round;
 * ``accuracy.png``: train and held-out accuracy per round and, below, their gap (the training-client accuracy
   and the gap drawn from it are non-private diagnostics: epsilon does not cover them; the legend and the title
-  say so);
+  say so); token accuracy for a sequence task (``data.json``'s ``target_shape``), and it says so;
 * ``loss.png``: the same for the loss: held-out loss and the training clients' loss (non-private) per round, and
   their gap (held-out minus training; non-private);
+* ``perplexity.png`` (sequence tasks with the default cross-entropy): held-out and training-client (non-private)
+  perplexity per round;
 * ``accuracy_vs_epsilon.png``: held-out accuracy at each evaluated round against the certified epsilon spent by
   then (points labelled with their round where the labels do not overlap); rounds whose epsilon is infinite are
   not drawn, and the plot says how many (all of them, for a run that is not private);
@@ -30,7 +34,7 @@ matplotlib figure (for tests and notebooks); ``plot_*`` saves it.
 
 Overlays (several runs): held-out accuracy and certified epsilon per round, one line per run, whose legend entry
 gives the run's certified epsilon after its last round (delta, accountant, noise mechanism and sampling) or says it
-is not private.
+is not private; a run whose curve is the same as an earlier run's is dashed over it and says so.
 """
 
 from __future__ import annotations
@@ -108,7 +112,38 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     ledger = _json_or_none(path / "ledger.json")
     # a sweep's runs are <setting>/seed<k>: the seed alone would not say which run a plot is of
     name = f"{path.parent.name}/{path.name}" if path.name.startswith("seed") else path.name
-    return {"path": path, "rows": rows, "summary": summary or {}, "ledger": ledger, "name": name}
+    data = _json_or_none(path / "data.json") or {}
+    return {
+        "path": path,
+        "rows": rows,
+        "summary": summary or {},
+        "ledger": ledger,
+        "name": name,
+        "target_shape": data.get("target_shape"),
+    }
+
+
+def is_sequence_task(run: dict[str, Any]) -> bool:
+    """Whether a run's targets are sequences (``data.json``'s ``target_shape`` has an axis, or a row reports a
+    perplexity): its accuracy is token accuracy."""
+    shape = run.get("target_shape")
+    if isinstance(shape, list):
+        return len(shape) > 0
+    return has_perplexity(run)
+
+
+def has_perplexity(run: dict[str, Any]) -> bool:
+    """Whether a row reports a perplexity (a sequence task with the default cross-entropy)."""
+    return any(
+        isinstance(row.get("heldout_perplexity"), int | float)
+        or isinstance((row.get(NON_PRIVATE) or {}).get("train_perplexity"), int | float)
+        for row in run["rows"]
+    )
+
+
+def accuracy_name(run: dict[str, Any]) -> str:
+    """``token accuracy`` for a sequence task (the share of scored tokens predicted), else ``accuracy``."""
+    return "token accuracy" if is_sequence_task(run) else "accuracy"
 
 
 def _row_problems(row: Any) -> list[str]:
@@ -268,12 +303,62 @@ def _empty_values(ax: Axes) -> None:
     ax.set_yticks([])
 
 
-def _log_ticks(axis: Any) -> None:
-    """A log axis labelled 1, 2, 3, 5, 10, 20, ... rather than powers of ten only."""
+#: a log axis only where the largest value is at least this many times the smallest: over less, a linear axis
+#: reads better (its ticks are evenly spaced and every one is labelled)
+LOG_RATIO = 4.0
+#: the multipliers of each power of ten labelled on a log axis, fewest first: the first that labels at least
+#: :data:`MIN_LOG_LABELS` values inside the data is used (1, 10, 100 over many decades; 0.4, 0.5, 0.6, 0.8, 1,
+#: 1.5, 2 over less than one)
+LOG_SUBS = ((1.0,), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
+MIN_LOG_LABELS = 5
+
+
+def _positive_span(ax: Axes, which: str) -> tuple[float, float] | None:
+    """The smallest and largest finite positive value drawn as lines or points on ``ax`` along ``which``."""
+    values = []
+    for line in ax.get_lines():
+        v = np.asarray(line.get_ydata() if which == "y" else line.get_xdata(), dtype=float)
+        values.append(v[np.isfinite(v) & (v > 0)])
+    for coll in ax.collections:
+        offsets = np.asarray(coll.get_offsets(), dtype=float)
+        if offsets.ndim == 2 and offsets.shape[0] and offsets.shape[1] == 2:
+            v = offsets[:, 1 if which == "y" else 0]
+            values.append(v[np.isfinite(v) & (v > 0)])
+    allv = np.concatenate(values) if values else np.empty(0)
+    return (float(allv.min()), float(allv.max())) if allv.size else None
+
+
+def value_scale(ax: Axes, which: str = "y") -> bool:
+    """Set ``ax``'s ``which`` axis (``"x"`` or ``"y"``) to a log scale where the values drawn span at least
+    :data:`LOG_RATIO`, else a linear one, and returns whether it is log. Call :func:`readable_log_ticks` once the
+    axis' limits are final."""
+    span = _positive_span(ax, which)
+    log = span is not None and span[1] >= LOG_RATIO * span[0]
+    (ax.set_yscale if which == "y" else ax.set_xscale)("log" if log else "linear")
+    return log
+
+
+def readable_log_ticks(ax: Axes, which: str = "y") -> None:
+    """Label a log axis with enough values to read it over any range: 1, 10, 100 over many decades, down to
+    0.4, 0.5, 0.6, 0.8, 1, 1.5, 2 over less than one (:data:`LOG_SUBS`), written plainly (``0.5``, ``20``, not
+    ``5x10^-1``), the other minor ticks unlabelled. A linear axis is left as it is."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    if axis.get_scale() != "log":
+        return
+    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
+    span = _positive_span(ax, which) or (lo, hi)
+    lo, hi = max(lo, span[0]), min(hi, span[1])  # the data, not the margins, must carry the labels
+
+    def inside(subs: tuple[float, ...]) -> int:
+        decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+        return sum(1 for d in decades for s in subs if lo * (1 - 1e-9) <= s * 10.0**d <= hi * (1 + 1e-9))
+
+    subs = next((s for s in LOG_SUBS if inside(s) >= MIN_LOG_LABELS), LOG_SUBS[-1])
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=40))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(float(k) for k in range(1, 10)), numticks=40))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -366,6 +451,7 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
         drawn = True
     else:
         ax.plot([], [], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note or ': no value'}")
+    never: list[str] = []  # the paper bounds undefined at every round of the run
     other = "rdp" if own == "pld" else "pld"
     eps_other = (
         _ledger_curve(run.get("ledger"), delta, other, r) if from_ledger else np.full(r.size, math.nan)
@@ -385,8 +471,8 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
         if good.any():
             ax.plot(r[good], v[good], style, lw=1.5, label=label + note)
             drawn = True
-        elif rows:
-            ax.plot([], [], style, label=label + ": undefined at every round")
+        elif rows:  # no curve and no legend entry: the title says why
+            never.append(label.split(" (")[0])
     band = None  # privacy.canaries: draws the Andrew et al. estimate's confidence band once the axis is set
     for key, label, style in (
         ("andrew_epsilon_all_rounds", "Andrew et al. estimate, all rounds (canaries; an estimate)", "^-"),
@@ -400,12 +486,23 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
             if key == "andrew_epsilon_all_rounds":
                 band = _andrew_band(ax, rows, r, line.get_color())
     drawn = _canary_limits(ax, rows, r) or drawn
+    if never:
+        bounds = " and ".join(never)
+        ax.set_title(
+            _title(
+                "Client-level privacy spent per round",
+                run,
+                note=f"({bounds}: undefined at every round of this run, so not drawn; the paper's "
+                f"closed form{'s do' if len(never) > 1 else ' does'} not apply at these settings)",
+            ),
+            fontsize=TITLE_SIZE,
+        )
     if drawn:
-        ax.set_yscale("log")
-        if band is not None:  # the estimate's confidence band, its low end clipped to the log axis
+        log = value_scale(ax, "y")
+        if band is not None:  # the estimate's confidence band, its low end clipped to the axis
             band()
-        _log_ticks(ax.yaxis)
-        ax.set_ylabel(f"epsilon at delta = {delta:g} (log scale)")
+        readable_log_ticks(ax, "y")
+        ax.set_ylabel(f"epsilon at delta = {delta:g}" + (" (log scale)" if log else ""))
     else:  # a log axis with nothing on it would show made-up ticks
         ax.set_ylabel(f"epsilon at delta = {delta:g}")
         _empty_values(ax)
@@ -533,18 +630,59 @@ def _per_round_with_gap(
 
 
 def figure_accuracy(run: dict[str, Any]) -> Figure:
+    """Accuracy per round (token accuracy for a sequence task: the share of its scored tokens predicted, each
+    client's averaged over clients) and the gap."""
+    name = accuracy_name(run)
     return _per_round_with_gap(
         run,
-        what="Client-level accuracy per round and the generalization gap",
-        note="(training-client accuracy and the gap: non-private, not covered by epsilon)",
+        what=f"Client-level {name} per round and the generalization gap",
+        note=f"(training-client {name} and the gap: non-private, not covered by epsilon)",
         held_key="heldout_accuracy",
         train_key="train_accuracy",
         gap_key="gap_accuracy",
-        ylabel="client-level accuracy (%)",
+        ylabel=f"client-level {name} (%)",
         gap_label="gap = train - held-out",
         gap_ylabel="gap (accuracy points,\nnon-private)",
         scale=100.0,
     )
+
+
+def figure_perplexity(run: dict[str, Any]) -> Figure:
+    """Perplexity per round of a sequence task: ``exp`` of the mean over clients of their per-token negative
+    log-likelihood (:func:`fedsim.report.rows.client_means`), held-out clients and training clients (non-private),
+    on a log axis where it spans a factor of :data:`LOG_RATIO` or more (a diverging run reaches thousands)."""
+    plt = pyplot()
+    rows = run["rows"]
+    r = _column(rows, "round")
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
+    ax.set_title(
+        _title(
+            "Client-level perplexity per round",
+            run,
+            note="(exp of the mean over clients of their per-token negative log-likelihood; lower is better; "
+            "training-client perplexity: non-private, not covered by epsilon)",
+        ),
+        fontsize=TITLE_SIZE,
+    )
+    for values, label, style in (
+        (_column(rows, "train_perplexity", NON_PRIVATE), f"training clients ({NON_PRIVATE_LABEL})", "o-"),
+        (_column(rows, "heldout_perplexity"), "held-out clients (never trained on)", "s-"),
+    ):
+        good = np.isfinite(values)
+        if good.any():
+            ax.plot(r[good], values[good], style, ms=3, label=label)
+    _round_axis(ax, r)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_lines():
+        log = value_scale(ax, "y")
+        readable_log_ticks(ax, "y")
+        ax.set_ylabel("perplexity" + (" (log scale)" if log else ""))
+    else:
+        ax.set_ylabel("perplexity")
+        _empty_values(ax)
+        _message(ax, "no evaluated round reports a perplexity: nothing to draw")
+    _legend(ax)
+    return fig
 
 
 def figure_loss(run: dict[str, Any]) -> Figure:
@@ -571,8 +709,8 @@ def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
     delta = float(rows[-1]["delta"]) if rows else math.nan
     own = str(rows[-1].get("accountant", "pld")) if rows else "pld"
     fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
-    what = "Held-out accuracy against the privacy spent"
-    ax.set_ylabel("held-out client-level accuracy (%)")
+    what = f"Held-out {accuracy_name(run)} against the privacy spent"
+    ax.set_ylabel(f"held-out client-level {accuracy_name(run)} (%)")
     ax.set_xlabel(f"certified epsilon at delta = {delta:g} ({own})")
     ax.grid(True, which="both", alpha=0.3)
     evaluated = np.isfinite(acc)
@@ -582,7 +720,7 @@ def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
     if reason or not ok.any():
         last = np.flatnonzero(evaluated)
         final = (
-            f"held-out accuracy {100 * acc[last[-1]]:.1f}% after round {int(r[last[-1]])}"
+            f"held-out {accuracy_name(run)} {100 * acc[last[-1]]:.1f}% after round {int(r[last[-1]])}"
             if last.size
             else "no evaluated round"
         )
@@ -614,7 +752,7 @@ def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
     finite = eps[ok]
     if finite.min() > 0 and finite.max() > 10 * finite.min():
         ax.set_xscale("log")
-        _log_ticks(ax.xaxis)
+        readable_log_ticks(ax, "x")
     _legend(ax)
     label_points(ax, list(eps[ok]), list(100 * acc[ok]), [str(int(t)) for t in r[ok]])
     return fig
@@ -834,6 +972,10 @@ def plot_loss(run: dict[str, Any], path: Path) -> Path:
     return _save(figure_loss(run), path)
 
 
+def plot_perplexity(run: dict[str, Any], path: Path) -> Path:
+    return _save(figure_perplexity(run), path)
+
+
 def plot_accuracy_vs_epsilon(run: dict[str, Any], path: Path) -> Path:
     return _save(figure_accuracy_vs_epsilon(run), path)
 
@@ -873,6 +1015,7 @@ def run_plots(run_dir: str | Path, *, from_ledger: bool = True) -> list[Path]:
         plot_epsilon(run, out / "epsilon.png", from_ledger),
         plot_accuracy(run, out / "accuracy.png"),
         plot_loss(run, out / "loss.png"),
+        *([plot_perplexity(run, out / "perplexity.png")] if has_perplexity(run) else []),
         plot_accuracy_vs_epsilon(run, out / "accuracy_vs_epsilon.png"),
         plot_generalization(run, out / "generalization.png"),
     ]
@@ -886,8 +1029,11 @@ def run_plots(run_dir: str | Path, *, from_ledger: bool = True) -> list[Path]:
 #: the overlays: the row key drawn, the y label, the file and the scale
 OVERLAYS = (
     ("heldout_accuracy", "held-out client-level accuracy (%)", "overlay_accuracy.png", 100.0),
-    ("epsilon", "certified epsilon (log scale)", "overlay_epsilon.png", 1.0),
+    ("epsilon", "certified epsilon", "overlay_epsilon.png", 1.0),
 )
+#: an overlay's runs differ in colour and marker; a run whose curve is the same as an earlier one's is dashed over
+#: it, the earlier one widened, so that neither hides the other
+OVERLAY_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 
 
 def _run_privacy(run: dict[str, Any]) -> dict[str, Any]:
@@ -923,6 +1069,8 @@ def overlay_label(run: dict[str, Any], name: str) -> str:
         eps_text += f" after round {last['round']} (delta {last['delta']:g}, {last.get('accountant', '?')})"
     if privacy:
         setting.insert(0, f"{privacy.get('mechanism') or 'independent'} noise")
+    elif isinstance((run.get("summary") or {}).get("noise_mechanism"), str):  # no config.toml: its summary
+        setting.insert(0, run["summary"]["noise_mechanism"].split(";")[0].split(",")[0])
     return ", ".join([f"{name}: {eps_text}", *setting])
 
 
@@ -933,25 +1081,60 @@ def figure_overlay(runs: Sequence[dict[str, Any]], key: str, names: Sequence[str
     plt = pyplot()
     ylabel, scale = {k: (y, s) for k, y, _, s in OVERLAYS}[key]
     names = list(names) if names is not None else _labels([run["path"] for run in runs])
+    sequence = [is_sequence_task(run) for run in runs]
+    if key == "heldout_accuracy" and all(sequence):
+        ylabel = "held-out client-level token accuracy (%)"
+    elif key == "heldout_accuracy" and any(sequence):
+        ylabel = "held-out client-level accuracy (%)\n(token accuracy for the runs marked so)"
     fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
     drawn = False
+    curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for i, (run, name) in enumerate(zip(runs, names, strict=True)):
         v = scale * _column(run["rows"], key)
         good = np.isfinite(v)
         label = overlay_label(run, name)
+        if key == "heldout_accuracy" and sequence[i] and not all(sequence):
+            label += " (token accuracy)"
         if good.any():
-            ax.plot(_column(run["rows"], "round")[good], v[good], "o-", ms=2, color=f"C{i % 10}", label=label)
+            x = _column(run["rows"], "round")[good]
+            same = [
+                other
+                for other, (ox, oy) in curves.items()
+                if ox.shape == x.shape
+                and np.array_equal(ox, x)
+                and np.allclose(oy, v[good], rtol=1e-9, atol=0)
+            ]
+            if same:  # dashed over the earlier one, which is widened: both show, and the label says so
+                label += f" (the same curve as {', '.join(same)})"
+                for line in ax.get_lines():
+                    if line.get_gid() in same:
+                        line.set_linewidth(4.0)
+            curves[name] = (x, v[good])
+            ax.plot(
+                x,
+                v[good],
+                ls="--" if same else "-",
+                marker=OVERLAY_MARKERS[i % len(OVERLAY_MARKERS)],
+                ms=3.5,
+                lw=1.6,
+                color=f"C{i % 10}",
+                label=label,
+                zorder=2 + i,
+                gid=name,
+            )
             drawn = True
         elif key == "epsilon":
             reason = not_private_reason(run)
             why = f"not private ({reason})" if reason else "no finite value"
-            ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{name}: {why}, epsilon infinite, not drawn")
+            # no mark in the legend for a curve that is not drawn: only the words
+            ax.plot([], [], ls="none", label=f"{name}: {why}, epsilon infinite, not drawn")
         else:
-            ax.plot([], [], "o-", color=f"C{i % 10}", label=f"{label}; no held-out accuracy, not drawn")
+            ax.plot([], [], ls="none", label=f"{label}; no held-out accuracy, not drawn")
     _round_axis(ax, np.concatenate([_column(run["rows"], "round") for run in runs] or [np.array([])]))
     if key == "epsilon" and drawn:
-        ax.set_yscale("log")
-        _log_ticks(ax.yaxis)
+        if value_scale(ax, "y"):
+            readable_log_ticks(ax, "y")
+            ylabel += " (log scale)"
     elif not drawn:
         _empty_values(ax)
         _message(ax, f"no run has a finite {ylabel.split(' (')[0]}: nothing to draw")

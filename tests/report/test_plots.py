@@ -294,3 +294,130 @@ def test_an_overlaid_run_without_noise_is_labelled_not_private_and_a_private_one
         assert labels[1].startswith("b: not private (noise_multiplier = 0)"), labels
         assert "epsilon" not in labels[1].split(",")[0].removeprefix("b: not private")
         plots.pyplot().close(fig)
+
+
+# --- issue 34, figures: readable log axes, undefined bounds, language models, overlay labels ------------------------
+def _rows(epsilons, **extra):
+    return [
+        {"round": t, "epsilon": e, "delta": 1e-5, "accountant": "pld", "private": True}
+        | {"paper_epsilon_igmm": None, "paper_epsilon_igmm-corrected": None}
+        | {k: v[t - 1] for k, v in extra.items()}
+        for t, e in enumerate(epsilons, 1)
+    ]
+
+
+def _labelled_ticks(ax, which="y"):
+    """The tick labels drawn inside the axis' limits (major ticks with text)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    lo, hi = sorted(ax.get_ylim() if which == "y" else ax.get_xlim())
+    return [
+        t.get_text()
+        for t in axis.get_ticklabels()
+        if t.get_text() and lo <= t.get_position()[which == "y"] <= hi
+    ]
+
+
+def test_an_epsilon_under_a_decade_gets_enough_labelled_ticks_and_a_small_span_a_linear_axis():
+    # banded-mf's epsilon over 0.35-2 (a factor 5.7): a log axis labelled at 0.4, 0.5, 0.6, 0.8, 1, 1.5, 2
+    run = {"name": "bmf", "rows": _rows(np.geomspace(0.35, 2.0, 20))}
+    fig = plots.figure_epsilon(run, from_ledger=False)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and "(log scale)" in ax.get_ylabel()
+    labels = _labelled_ticks(ax)
+    assert len(labels) >= 5 and {"0.5", "1", "2"} <= set(labels), labels
+    plots.pyplot().close(fig)
+    # over 2-4 (a factor 2), a linear axis with evenly spaced labels, and the label does not claim a log scale
+    run = {"name": "small", "rows": _rows(np.linspace(2.0, 4.0, 20))}
+    fig = plots.figure_epsilon(run, from_ledger=False)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "linear" and "log" not in ax.get_ylabel()
+    assert len(_labelled_ticks(ax)) >= 4
+    plots.pyplot().close(fig)
+
+
+def test_bounds_undefined_at_every_round_are_not_in_the_legend_and_the_title_says_why():
+    run = {"name": "bmf", "rows": _rows(np.linspace(0.4, 2.0, 10))}
+    fig = plots.figure_epsilon(run, from_ledger=False)
+    ax = fig.axes[0]
+    legend = [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+    assert legend == ["pld (certified, dp-accounting)"], legend
+    assert len([line for line in ax.get_lines() if len(line.get_xdata())]) == 1
+    title = ax.get_title().replace("\n", " ")
+    assert "IGMM corrected and IGMM Theorem 7 as printed: undefined at every round of this run" in title
+    plots.pyplot().close(fig)
+    # defined at some rounds: drawn, and the legend counts the others
+    rows = _rows(np.linspace(0.4, 2.0, 10))
+    for row in rows[5:]:
+        row["paper_epsilon_igmm-corrected"] = 3.0 * row["epsilon"]
+    fig = plots.figure_epsilon({"name": "part", "rows": rows}, from_ledger=False)
+    legend = [t.get_text().replace("\n", " ") for t in fig.axes[0].get_legend().get_texts()]
+    assert any(t.startswith("IGMM corrected") and "undefined at 5 of 10 rounds" in t for t in legend), legend
+    assert "IGMM Theorem 7 as printed" in fig.axes[0].get_title().replace("\n", " ")
+    plots.pyplot().close(fig)
+
+
+@pytest.fixture(scope="module")
+def language_model(runs, tmp_path_factory):
+    """The private run as a language model's: token targets (``data.json``'s target_shape) and perplexities."""
+    path = tmp_path_factory.mktemp("lm") / "lm"
+    shutil.copytree(runs["private"], path)
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["heldout_perplexity"] = 40.0 - 5 * i
+        row["non_private"]["train_perplexity"] = 38.0 - 6 * i
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = json.loads((path / "data.json").read_text())
+    (path / "data.json").write_text(json.dumps(data | {"target_shape": [6]}))
+    return path
+
+
+def test_a_language_models_accuracy_is_token_accuracy_and_its_perplexity_has_a_figure(runs, language_model):
+    run = plots.read_run(language_model)
+    assert plots.is_sequence_task(run) and not plots.is_sequence_task(_run(runs, "private"))
+    fig = plots.figure_accuracy(run)
+    assert fig.axes[0].get_ylabel() == "client-level token accuracy (%)"
+    assert "token accuracy" in fig.axes[0].get_title()
+    plots.pyplot().close(fig)
+    assert "token accuracy" in plots.figure_accuracy_vs_epsilon(run).axes[0].get_ylabel()
+    plots.pyplot().close("all")
+    assert plots.figure_accuracy(_run(runs, "private")).axes[0].get_ylabel() == "client-level accuracy (%)"
+    plots.pyplot().close("all")
+
+    fig = plots.figure_perplexity(run)
+    ax = fig.axes[0]
+    by_label = {line.get_label(): line for line in ax.get_lines()}
+    held = by_label["held-out clients (never trained on)"]
+    assert list(held.get_ydata()) == [r["heldout_perplexity"] for r in run["rows"]]
+    train = next(line for label, line in by_label.items() if label.startswith("training clients"))
+    assert "non-private" in train.get_label() and ax.get_xlabel() == "round"
+    plots.pyplot().close(fig)
+    written = [p.name for p in plots.run_plots(language_model, from_ledger=False)]
+    assert "perplexity.png" in written and "perplexity.png" not in [
+        p.name for p in plots.run_plots(runs["not_private"], from_ledger=False)
+    ]
+
+
+def test_overlay_labels_give_epsilon_and_mechanism_and_say_when_curves_coincide(
+    runs, language_model, tmp_path
+):
+    read = [_run(runs, "private"), plots.read_run(language_model), _run(runs, "not_private")]
+    eps = read[0]["rows"][-1]["epsilon"]
+    fig = plots.figure_overlay(read, "epsilon", ["a", "lm", "b"])
+    ax = fig.axes[0]
+    labels = [t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()]
+    assert labels[0].startswith(f"a: epsilon {eps:.3g}") and "independent noise" in labels[0]
+    # the language model's run has the same epsilon curve: dashed over it, the label says so
+    assert "(the same curve as a)" in labels[1]
+    a, lm = ax.get_lines()[:2]
+    assert lm.get_linestyle() == "--" and a.get_linewidth() > lm.get_linewidth()
+    # the run without noise draws nothing, and its legend entry has no mark
+    assert labels[2].startswith("b: not private") and "not drawn" in labels[2]
+    assert ax.get_legend().legend_handles[2].get_linestyle() in ("None", "none", "")
+    plots.pyplot().close(fig)
+    fig = plots.figure_overlay(read, "heldout_accuracy", ["a", "lm", "b"])
+    labels = [t.get_text().replace("\n", " ") for t in fig.axes[0].get_legend().get_texts()]
+    assert "(token accuracy)" in labels[1] and "token accuracy" not in labels[0]
+    assert "token accuracy" in fig.axes[0].get_ylabel()
+    plots.pyplot().close(fig)
