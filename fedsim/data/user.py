@@ -13,12 +13,17 @@ The function is called with the keywords it accepts among ``num_clients`` and ``
 
 fedsim then draws the held-out clients and domains as for the shipped datasets. The function must return the
 same data for the same arguments: Flower's workers, each SuperNode and the server call it in their own processes.
+The Ray engine's workers get the driver's data and check it (:func:`data_fingerprint`): a ``FederatedData`` whose
+clients' data is not a function of what it holds (drawn afresh, or read from files that differ between nodes) is
+refused there, naming the data function.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import numbers
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -80,8 +85,8 @@ def arrays_from_result(
             f"{where} returned {type(result).__name__}: allowed a FederatedData, a mapping with 'x', 'y' "
             "(and 'clients'), or a tuple (x, y) or (x, y, clients)"
         )
-    x = np.asarray(x)
-    y = np.asarray(y)
+    x = _stacked(x, "x", where, clients)
+    y = _stacked(y, "y", where, clients)
     if x.ndim < 2 or not np.issubdtype(x.dtype, np.number):
         raise ValueError(
             f"{where}: x has shape {x.shape} and dtype {x.dtype}: allowed numbers [n, *input_shape]"
@@ -130,3 +135,87 @@ def arrays_from_result(
             raise ValueError(f"{where}: clients[{i}] must be integer indices into x in [0, {len(y) - 1}]")
         rows.append(r.astype(np.int64))
     return base, rows
+
+
+def _stacked(value: Any, field: str, where: str, clients: Any) -> np.ndarray:
+    """``np.asarray(value)``; for a list of arrays of different shapes (a ragged ``x`` or ``y``, which numpy refuses
+    with its "inhomogeneous shape"), a ValueError naming the field, the first example whose shape differs, the
+    client it belongs to and the shapes found."""
+    try:
+        return np.asarray(value)
+    except ValueError:
+        if isinstance(value, np.ndarray) or not isinstance(value, Sequence):
+            raise
+    shapes = [_shape_of(v) for v in value]
+    first = shapes[0] if shapes else None
+    odd = next((i for i, s in enumerate(shapes) if s != first), None)
+    if odd is None:  # every item has one shape: numpy's complaint is about something deeper; say it as it is
+        raise ValueError(
+            f"{where}: {field} cannot be made one array ({np.asarray(value, dtype=object).shape})"
+        )
+    counts = Counter(str(s) if s is not None else "ragged itself" for s in shapes)
+    found = ", ".join(f"{s} x {n}" for s, n in counts.most_common(4))
+    more = f" and {len(counts) - 4} more" if len(counts) > 4 else ""
+    owner = _client_of(odd, clients)
+    held = f" (an example of client {owner})" if owner is not None else ""
+    raise ValueError(
+        f"{where}: {field} is a list of {len(shapes)} arrays of different shapes: {field}[0] has shape "
+        f"{_describe_shape(first)}, {field}[{odd}]{held} has {_describe_shape(shapes[odd])}; shapes found: "
+        f"{found}{more}. Allowed: one array {field} of shape [n, *{'input_shape' if field == 'x' else 'T'}], every "
+        "example the same shape: pad sequences to one length (padding targets -100, which is not scored) or cut "
+        "them into windows; per-client arrays go into one x, with 'clients' holding each client's row indices"
+    )
+
+
+def _shape_of(item: Any) -> tuple[int, ...] | None:
+    """``np.shape(item)``, or None when the item is ragged itself."""
+    try:
+        return tuple(np.shape(item))
+    except ValueError:
+        return None
+
+
+def _describe_shape(shape: tuple[int, ...] | None) -> str:
+    return "ragged itself" if shape is None else str(shape)
+
+
+def _client_of(row: int, clients: Any) -> int | None:
+    """The client whose index array holds ``row`` (the first), when the function gave ``clients``."""
+    if clients is None or isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
+        return None
+    for i, c in enumerate(clients):
+        try:
+            if row in np.asarray(c).ravel().tolist():
+                return i
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+#: the clients whose data :func:`data_fingerprint` hashes: the first few training and held-out clients, the last
+FINGERPRINT_CLIENTS = 3
+
+
+def data_fingerprint(data: Any, clients: int = FINGERPRINT_CLIENTS) -> dict[str, Any]:
+    """What a process loaded, in brief, to compare with another process's: the population's sizes, the clients
+    hashed (the first ``clients`` training and held-out clients and the last client) and a SHA-256 of their
+    examples and targets (shapes, dtypes and bytes) and of every client's size. Two processes holding the same
+    data give the same fingerprint; a ``FederatedData`` whose clients' data differs between calls does not."""
+    n = int(data.num_clients)
+    train = [int(c) for c in np.asarray(data.train_clients)[:clients]]
+    held = [int(c) for c in np.asarray(data.heldout_clients)[:clients]]
+    ids = sorted({*train, *held, n - 1})
+    h = hashlib.sha256()
+    sizes = np.ascontiguousarray(data.num_examples_array(np.arange(n)), dtype=np.int64)
+    h.update(sizes.tobytes())
+    for cid in ids:
+        for a in data.client_data(cid):
+            a = np.ascontiguousarray(a)
+            h.update(f"{cid}:{a.dtype.str}:{a.shape}".encode())
+            h.update(a.tobytes())
+    return {
+        "num_clients": n,
+        "num_examples": int(sizes.sum()),
+        "clients": ids,
+        "sha256": h.hexdigest(),
+    }

@@ -24,12 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.data.user import data_fingerprint
+from fedsim.factories import describe
 from fedsim.round import PartialSum
 from fedsim.training.evaluation import WIDTH as EVAL_WIDTH
 from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
 
 from .base import EngineError
 from .local_engine import LocalEngine
+from .threads import AUTO, choose_threads
 
 __all__ = ["EngineError", "LocalEngine", "RayEngine", "balance", "init_ray"]
 
@@ -53,15 +56,22 @@ def _first_line(exc: BaseException) -> str:
 
 
 class _Worker:
-    """The Ray actor: one ClientTrainer per actor, on the GPU Ray gave it (if any)."""
+    """The Ray actor: one ClientTrainer per actor, on the GPU Ray gave it (if any), with torch's thread count
+    chosen for its training path and its ``num_cpus`` (:func:`fedsim.engine.threads.choose_threads`)."""
 
-    def __init__(self, data: Any, settings: TrainSettings, num_threads: int) -> None:
+    def __init__(
+        self, data: Any, settings: TrainSettings, num_cpus: float, torch_threads: int | str = AUTO
+    ) -> None:
         import ray  # Ray is imported by the Ray engine only: the local engine and the apps never load it
 
-        torch.set_num_threads(max(1, num_threads))
+        torch.set_num_threads(max(1, math.floor(num_cpus)))  # while the trainer probes its path
         # CUDA only when Ray assigned this actor a GPU (Ray then sets CUDA_VISIBLE_DEVICES for it)
         device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         self.trainer = ClientTrainer(data, settings, device=device)
+        self.threads, self.threads_why = choose_threads(
+            torch_threads, self.trainer.path.name, worker_cpus=num_cpus
+        )
+        torch.set_num_threads(self.threads)
 
     def info(self) -> dict[str, Any]:
         import ray  # as above
@@ -73,6 +83,9 @@ class _Worker:
             "pid": os.getpid(),
             "path": self.trainer.path.name,
             "fallbacks": list(self.trainer.path.fallbacks),
+            "torch_threads": self.threads,
+            "torch_threads_why": self.threads_why,
+            "data_fingerprint": data_fingerprint(self.trainer.data),
         }
 
     def train(
@@ -114,7 +127,12 @@ class RayEngine:
     per-client metrics cross process boundaries. ``address`` connects to an existing Ray cluster
     (``"auto"`` or the GCS address ``"host:6379"``; Ray Client ``"ray://"`` addresses cannot stream and are refused by
     the scenario schema); otherwise a local Ray instance is started with just the
-    resources the pool needs. ``round_timeout_s``: a round's training deadline (:meth:`train`).
+    resources the pool needs. ``round_timeout_s``: a round's training deadline (:meth:`train`). ``torch_threads``:
+    ``engine.torch_threads`` (each worker chooses for its path and CPUs: :mod:`fedsim.engine.threads`).
+
+    Each worker fingerprints the data it was shipped (:func:`fedsim.data.user.data_fingerprint`) and the driver
+    compares it with its own, at the start and for every replaced worker: a ``FederatedData`` whose clients' data
+    is not a function of what it holds is refused with a ``ValueError`` naming ``data_name`` (the data function).
     """
 
     name = "ray"
@@ -122,7 +140,8 @@ class RayEngine:
     @classmethod
     def start(cls, scenario: Any, data: Any, settings: TrainSettings) -> RayEngine:
         """The engine of ``engine.name = "ray"`` (:mod:`fedsim.registry`), sized by ``scenario.engine``: its
-        ``num_workers``, ``num_cpus_per_worker``, ``num_gpus_per_worker``, ``ray_address`` and ``round_timeout_s``."""
+        ``num_workers``, ``num_cpus_per_worker``, ``num_gpus_per_worker``, ``ray_address``, ``round_timeout_s`` and
+        ``torch_threads``."""
         e = scenario.engine
         return cls(
             data,
@@ -132,6 +151,8 @@ class RayEngine:
             num_gpus=e.num_gpus_per_worker,
             address=e.ray_address,
             round_timeout_s=e.round_timeout_s,
+            torch_threads=e.torch_threads,
+            data_name=describe(scenario.data.dataset),
         )
 
     def __init__(
@@ -144,6 +165,8 @@ class RayEngine:
         num_gpus: float = 0.0,
         address: str | None = None,
         round_timeout_s: float | None = None,
+        torch_threads: int | str = AUTO,
+        data_name: str | None = None,
     ) -> None:
         import ray  # as above
 
@@ -158,15 +181,25 @@ class RayEngine:
                 "set it to 0 on a machine without a GPU"
             )
         self.data = data
+        #: what made the data (``data.dataset``: a data function's reference), named when a worker's differs
+        self.data_name = data_name
         self.num_workers = num_workers
         self.round_timeout_s = round_timeout_s
         #: workers replaced so far: ``{"worker", "why", "old_pid", "new_pid"}``
         self.replaced: list[dict[str, Any]] = []
         data_ref = ray.put(data)
         actor = ray.remote(_Worker).options(num_cpus=num_cpus, num_gpus=num_gpus)
-        self._new_worker = lambda: actor.remote(data_ref, settings, int(max(1, num_cpus)))
+        self._new_worker = lambda: actor.remote(data_ref, settings, num_cpus, torch_threads)
         self.workers = [self._new_worker() for _ in range(num_workers)]
         self.infos = ray.get([w.info.remote() for w in self.workers])
+        #: what the driver holds (:func:`fedsim.data.user.data_fingerprint`): every worker must hold the same
+        self.data_fingerprint = data_fingerprint(data)
+        try:
+            for i, info in enumerate(self.infos):
+                self._check_data(i, info)
+        except ValueError:
+            self.close()
+            raise
         #: seconds to start (or join) Ray, and to start the workers (each builds its trainer): summary.json's timings
         self.start_timings = {
             "ray_start_s": t_workers - t0,
@@ -174,9 +207,34 @@ class RayEngine:
         }
         #: the training path the workers chose (``per-layer``, ``vmap`` or ``loop``: the same check in each)
         self.training_path = str(self.infos[0]["path"])
+        #: torch's thread count in each worker, and why (:func:`fedsim.engine.threads.choose_threads`)
+        self.torch_threads = int(self.infos[0]["torch_threads"])
+        self.torch_threads_why = str(self.infos[0]["torch_threads_why"])
         #: why the workers refused faster paths (the same check in each: the first worker's reasons)
         self.training_fallbacks: tuple[str, ...] = tuple(str(f) for f in self.infos[0].get("fallbacks", ()))
         self.dim = int(initial_weights(settings, data.input_shape, data.num_classes).size)
+
+    def _check_data(self, i: int, info: dict[str, Any]) -> None:
+        """Worker ``i`` holds the data the driver holds, or a ValueError naming the data function: its clients'
+        data is not a function of what was shipped (drawn afresh on each call, or read from files that differ
+        between the nodes), so the workers would train clients the driver does not describe or evaluate."""
+        got, want = info.get("data_fingerprint"), self.data_fingerprint
+        if got == want:
+            return
+        settings = getattr(self.data, "dataset_settings", None) or {}
+        source = (
+            self.data_name
+            or settings.get("data_function")
+            or getattr(self.data, "dataset", type(self.data).__name__)
+        )
+        raise ValueError(
+            f"the data of {source!r} differs between this process and Ray worker {i} (pid {info.get('pid')}): "
+            f"clients {want['clients']} hash to {want['sha256'][:12]} here and {str(got.get('sha256'))[:12]} "
+            f"there ({want['num_examples']} against {got.get('num_examples')} examples). A data function and the "
+            "FederatedData it returns must give the same data every time they are called with the same arguments: "
+            "seed every random draw from the seed argument (np.random.default_rng(seed)), never from the clock or "
+            "global state, and read the same files on every node"
+        )
 
     def _shares(self, client_ids: np.ndarray) -> list[list[int]]:
         sizes = np.array([self.data.num_examples(int(c)) for c in client_ids])
@@ -379,6 +437,7 @@ class RayEngine:
                 f"Ray worker {i} ({why}) could not be replaced: its successor did not start within "
                 f"{_START_TIMEOUT_S:.0f} s (is the Ray cluster short of the CPUs/GPUs a worker asks for?)"
             ) from None
+        self._check_data(i, self.infos[i])
         self.replaced.append({"worker": i, "why": why, "old_pid": old, "new_pid": self.infos[i]["pid"]})
         log.warning("Ray worker %d (pid %s): %s; replaced by pid %s", i, old, why, self.infos[i]["pid"])
 

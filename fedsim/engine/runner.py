@@ -27,7 +27,7 @@ from fedsim.report.checkpoint import (
     write_checkpoint,
 )
 from fedsim.report.rows import summary_stop
-from fedsim.report.rundir import RunWriter, check_out, model_shape, new_run_dir, read_rows
+from fedsim.report.rundir import RunWriter, TorchWarnings, check_out, model_shape, new_run_dir, read_rows
 from fedsim.report.trackers import check_trackers
 from fedsim.round import NOISE_SOURCES
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
@@ -79,31 +79,35 @@ def run_scenario(
     if write and out is not None:
         check_out(out)
     drives_loop = engine is None and engine_entry(scenario.engine.name).drives_loop
-    exp = None if drives_loop else build_experiment(scenario)
-    if write and exp is not None and scenario.privacy.target_epsilon is not None:
-        config_toml = config_text(scenario)  # with the noise multiplier calibrated for the target
-    run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
-    writer = RunWriter(run_dir) if run_dir else None
-    if writer:
-        writer.model_factory = (
-            _factory_from_run_dir(scenario, writer.path)
-            if exp is None
-            else model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
-        )
-    try:
+    # what torch warns from here (the checks probe the training paths; the engine trains and evaluates) goes to
+    # the run's run.log, with one line on the console saying how many
+    with TorchWarnings(capture=write) as torch_warnings:
+        exp = None if drives_loop else build_experiment(scenario)
+        if write and exp is not None and scenario.privacy.target_epsilon is not None:
+            config_toml = config_text(scenario)  # with the noise multiplier calibrated for the target
+        run_dir = new_run_dir(scenario.name, out, runs_root) if write else None
+        writer = RunWriter(run_dir) if run_dir else None
         if writer:
-            writer.begin(config_toml)
-        if exp is None:  # the engine builds the experiment and runs the rounds where it hosts them
-            host = engine_entry(scenario.engine.name).resolve()
-            return host.run_scenario(scenario, on_row=on_row, writer=writer)
-        if writer:
-            writer.write_data(exp.data.describe())  # its exact statistics under non_private
-        result = _run_on_engine(exp, engine, writer, on_row, t0, timings=timings)
-        final_checkpoint(writer, result, scenario)
-        return result
-    finally:
-        if writer:
-            writer.close()
+            writer.model_factory = (
+                _factory_from_run_dir(scenario, writer.path)
+                if exp is None
+                else model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
+            )
+        torch_warnings.attach(run_dir)
+        try:
+            if writer:
+                writer.begin(config_toml)
+            if exp is None:  # the engine builds the experiment and runs the rounds where it hosts them
+                host = engine_entry(scenario.engine.name).resolve()
+                return host.run_scenario(scenario, on_row=on_row, writer=writer)
+            if writer:
+                writer.write_data(exp.data.describe())  # its exact statistics under non_private
+            result = _run_on_engine(exp, engine, writer, on_row, t0, timings=timings)
+            final_checkpoint(writer, result, scenario)
+            return result
+        finally:
+            if writer:
+                writer.close()
 
 
 def model_factory(settings: TrainSettings, input_shape: Any, num_classes: int) -> Callable[[], Any]:
@@ -313,34 +317,39 @@ def resume_run(
             raise CheckpointError(f"rounds={target}: {exc}") from None
         extended_toml = scenario_to_toml(extended)
     t0 = time.perf_counter()
-    exp = build_experiment(extended)
-    if ckpt.weights.shape != exp.initial_weights.shape:
-        raise CheckpointError(
-            f"the checkpoint's model has {ckpt.weights.size} parameters, the scenario's {exp.initial_weights.size}"
-        )
-    # from here on the run directory changes: the config of an extended run, then the rows that will be computed
-    # again are dropped
-    if extended_toml != config_toml:
-        # the checkpoint is valid for both configs until the next one is written
-        retarget_checkpoint(path, config_toml, extended_toml)
-        tmp = config.with_name(config.name + ".tmp")
-        tmp.write_text(extended_toml)
-        os.replace(tmp, config)
-    emit = on_row
-    if finished is not None and on_row is not None:  # the old rounds run again are not news: not shown again
+    # what torch warns from here (the checks probe the training paths; the engine trains and evaluates) goes to
+    # the run's run.log, with one line on the console saying how many
+    with TorchWarnings(path):
+        exp = build_experiment(extended)
+        if ckpt.weights.shape != exp.initial_weights.shape:
+            raise CheckpointError(
+                f"the checkpoint's model has {ckpt.weights.size} parameters, "
+                f"the scenario's {exp.initial_weights.size}"
+            )
+        # from here on the run directory changes: the config of an extended run, then the rows that will be
+        # computed again are dropped
+        if extended_toml != config_toml:
+            # the checkpoint is valid for both configs until the next one is written
+            retarget_checkpoint(path, config_toml, extended_toml)
+            tmp = config.with_name(config.name + ".tmp")
+            tmp.write_text(extended_toml)
+            os.replace(tmp, config)
+        emit = on_row
+        # the old rounds run again are not news: not shown again
+        if finished is not None and on_row is not None:
 
-        def emit(row: dict[str, Any]) -> None:
-            if row.get("round", 0) > old:
-                on_row(row)
+            def emit(row: dict[str, Any]) -> None:
+                if row.get("round", 0) > old:
+                    on_row(row)
 
-    writer = RunWriter(path)
-    writer.model_factory = model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
-    try:
-        if rewrite:
-            writer.replace_rows(rows)
-        result = _run_on_engine(exp, engine, writer, emit, t0, resume=ckpt, prior_rows=rows)
-    finally:
-        writer.close()
+        writer = RunWriter(path)
+        writer.model_factory = model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
+        try:
+            if rewrite:
+                writer.replace_rows(rows)
+            result = _run_on_engine(exp, engine, writer, emit, t0, resume=ckpt, prior_rows=rows)
+        finally:
+            writer.close()
     if finished is not None and ckpt.round < old and len(result.rows) >= old:
         # the rounds of the finished run after its last checkpoint ran again with the same cohorts and noise: their
         # rows stay as they were written (the old last one holds the evaluation every run does at its end)

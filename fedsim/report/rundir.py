@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -83,6 +87,8 @@ DATA_NOTE = (
 )
 #: where a row, summary.json and data.json keep what epsilon does NOT cover (the strategies' metrics use the same key)
 NON_PRIVATE = "non_private"
+#: the run's log: what libraries said while the run trained and evaluated (:class:`TorchWarnings`), one entry a line
+RUN_LOG = "run.log"
 
 
 def flatten_tables(data: dict[str, Any], sep: str = ".") -> dict[str, Any]:
@@ -322,6 +328,105 @@ class RunWriter:
     def close(self) -> None:
         if not self._metrics.closed:
             self._metrics.close()
+
+
+def append_run_log(run_dir: str | Path, text: str) -> Path:
+    """Append ``text`` to the run's log (``<run_dir>/run.log``, :data:`RUN_LOG`) as one line stamped with the UTC
+    time; the file is created by the first line."""
+    target = Path(run_dir) / RUN_LOG
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(target, "a", encoding="utf-8") as f:
+        f.write(f"{stamp} {' '.join(str(text).splitlines())}\n")
+    return target
+
+
+class TorchWarnings:
+    """While open, the warnings torch raises go to the run's log (:func:`append_run_log`) instead of the
+    console, counted; on leaving, one line on the console says how many there were and where they are.
+
+    A warning is torch's when the code it is attributed to is in the torch package, or it comes from torch's C++
+    operators (their text ends "Triggered internally at ..."): the batching rules vmap lacks, for instance, which
+    say the same thing for every run. Every other warning (fedsim's own, the user's code, other libraries) is shown
+    as it would have been. Python's filters apply as before: a warning they ignore, or have shown once already, is
+    not counted again.
+
+    The run directory may come later than the first warnings (the checks that run before it exists probe the
+    training paths): until :meth:`attach` gives it, they are kept, then written; with none by the end they are
+    shown as they would have been. ``capture=False`` changes nothing (a run that writes no directory)."""
+
+    def __init__(self, run_dir: str | Path | None = None, *, capture: bool = True) -> None:
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.capture = capture
+        self.count = 0
+        self._shown: Any = None
+        self._pending: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def is_torch(message: Warning | str, filename: str) -> bool:
+        import torch  # the engines have it loaded already
+
+        root = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        return os.path.abspath(filename).startswith(root) or "Triggered internally at" in str(message)
+
+    def __enter__(self) -> TorchWarnings:
+        if self.capture:
+            self._shown = warnings.showwarning
+            warnings.showwarning = self._show
+        return self
+
+    def attach(self, run_dir: str | Path | None) -> None:
+        """The run directory, now that it exists: what was kept so far is written to its log."""
+        with self._lock:
+            self.run_dir = None if run_dir is None else Path(run_dir)
+            pending, self._pending = self._pending, []
+        for args in pending:
+            self._record(*args)
+
+    def _show(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if not self.is_torch(message, filename):
+            self._shown(message, category, filename, lineno, file, line)
+            return
+        with self._lock:
+            self.count += 1
+            if self.run_dir is None:
+                self._pending.append((message, category, filename, lineno, file, line))
+                return
+        self._record(message, category, filename, lineno, file, line)
+
+    def _record(self, message: Any, category: Any, filename: str, lineno: int, file: Any, line: Any) -> None:
+        try:
+            append_run_log(self.run_dir, f"{category.__name__} from torch ({filename}:{lineno}): {message}")
+        except OSError:  # the log cannot be written: the warning is shown as it would have been
+            self._shown(message, category, filename, lineno, file, line)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._shown is None:
+            return
+        shown, self._shown = self._shown, None
+        if warnings.showwarning == self._show:  # not replaced since by someone else
+            warnings.showwarning = shown
+        if self.run_dir is None:  # no run directory came: nowhere to keep them
+            for args in self._pending:
+                shown(*args)
+            self._pending = []
+        elif self.count:
+            log.warning(
+                "%d warning%s from torch, see %s",
+                self.count,
+                "" if self.count == 1 else "s",
+                self.run_dir / RUN_LOG,
+            )
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedsim.engine.runner import run_scenario
+from fedsim.engine.threads import torch_threads
 from fedsim.registry import (
     ENGINES,
     EngineEntry,
@@ -84,7 +85,10 @@ def toy_engine():
 
 def test_an_engine_registered_from_outside_runs_a_scenario_like_the_local_engine(toy_engine, tmp_path):
     assert TOY in engine_names() and resolve_engine(TOY) is OneAtATimeEngine
-    toy = run_scenario(load_scenario("quickstart", [*SMALL, f"engine.name={TOY}"]), tmp_path / "toy")
+    # the local engine trains the loop on 1 torch thread (fedsim.engine.threads); an outside engine runs on its
+    # caller's threads: the same count, so that the two sum in the same order, bit for bit
+    with torch_threads(1):
+        toy = run_scenario(load_scenario("quickstart", [*SMALL, f"engine.name={TOY}"]), tmp_path / "toy")
     local = run_scenario(load_scenario("quickstart", [*SMALL, "engine.name=local"]), tmp_path / "local")
 
     (engine,) = STARTED
