@@ -51,7 +51,11 @@ def run(
     - ``weights``: the final model as a flat float64 vector (``model.npz``; :func:`load_model` gives the module);
     - ``strategy``: the strategy after the last round: its ``ledger`` (every release), ``epsilon()``, ``clip``;
     - ``stopped_by`` (``"budget"``, ``"failures"`` or ``None``), ``stopped_reason``, ``stopped_detail``: why the
-      run ended early, if it did; ``timings``: seconds per phase (non-private).
+      run ended early, if it did; ``timings``: seconds per phase (non-private);
+    - ``warnings``: what the run's settings do that they do not say (:func:`fedsim.run_checks.run_warnings`: a
+      cyclic schedule that leaves clients out, delta >= 1/N, canaries swamping the cohort, noise dwarfing the
+      signal), each ``{"kind", "message", "values"}``, as ``summary.json`` records them; they are also logged as
+      warnings (logger ``fedsim.run_checks``) before the first round.
 
     Raises :class:`fedsim.scenarios.ScenarioError` for a scenario that does not load or validate and
     ``ValueError`` for one that cannot run (both before anything is written).

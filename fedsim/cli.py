@@ -52,6 +52,24 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def noise_line(scenario: Any) -> str:
+    """``privacy: noise multiplier 2.81 (calibrated to target epsilon 4 over 20 rounds (delta 1e-05, pld)), clip 1``:
+    the noise multiplier the run uses and where it came from (a run calibrated to ``privacy.target_epsilon`` holds
+    the calibrated value once it is built; a resumed run's config.toml holds it already)."""
+    p = scenario.privacy
+    z = p.noise_multiplier
+    if p.target_epsilon is not None:
+        why = (
+            f"calibrated to target epsilon {p.target_epsilon:g} over {scenario.rounds} rounds "
+            f"(delta {p.delta:g}, {p.accountant})"
+        )
+    elif z == 0:
+        why = "not private: no noise, epsilon infinite"
+    else:
+        why = "as set"
+    return f"privacy: noise multiplier {z:.4g} ({why}), clip {p.clip:g}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -94,12 +112,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedsim.engine.runner import AlreadyFinished, resume_run, run_scenario
     from fedsim.env import process_age_s
     from fedsim.report.rows import format_row
+    from fedsim.run_checks import format_warning, printed
 
     # the interpreter, the imports (torch, pydantic, dp-accounting, fedsim's run stack) and the scenario's loading
     startup = process_age_s()
 
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
+    for (
+        rule
+    ) in scenario.privacy.rules:  # how settings that replace each other were merged (also in config.toml)
+        console.print(f"settings: {rule}", markup=False)
+    noise_shown = scenario.privacy.target_epsilon is None  # a calibrated value is known once the run is built
+    if noise_shown:
+        console.print(noise_line(scenario), markup=False)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -112,12 +138,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     task = progress.add_task("starting engine", total=scenario.rounds)
 
     def on_row(row: dict[str, Any]) -> None:
+        nonlocal noise_shown
+        if (
+            not noise_shown
+        ):  # before the first round's line: the noise multiplier calibrated when the run was built
+            progress.console.print(noise_line(scenario), markup=False)
+            noise_shown = True
         # no markup: the row's "[non-private: ...]" group is text, not a rich tag
         progress.console.print(format_row(row, scenario.rounds), markup=False)
         progress.update(task, completed=row["round"], description=f"round {row['round']}")
 
+    def show(
+        text: str, warning: bool
+    ) -> None:  # the run's facts and warnings (fedsim.run_checks) where it starts
+        progress.console.print(text, markup=False, style="yellow" if warning else None)
+
     try:
-        with progress:
+        with progress, printed(show):
             if args.resume is not None:
                 result = resume_run(args.resume, rounds=rounds, on_row=on_row)
             else:
@@ -136,6 +173,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"fedsim: engine error: {exc}", file=sys.stderr)
         return 1
     _print_summary(console, result)
+    for warning in result.warnings:  # again beside the results they qualify (summary.json: warnings)
+        console.print(format_warning(warning), markup=False, style="yellow")
     if result.stopped_by == "budget":  # the last line says why the run ended early
         console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
         return EXIT_BUDGET
@@ -267,6 +306,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         grid = sweep.parse_grid(args.grid) if args.grid else None
         base, runs = sweep.plan_sweep(args.scenario, sets=args.set, grid=grid, seeds=args.seeds, out=args.out)
         line = sweep_figure.line_key(runs, args.line)
+        # the setting every other is compared with, paired by seed: resolved before anything runs
+        reference = args.reference if args.reference is not None else base.sweep.reference
+        ref = sweep_table.reference_setting(runs, reference)
     except ScenarioError as exc:
         return _fail(str(exc))
     last = args.last or base.sweep.last
@@ -284,6 +326,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"[bold]fedsim sweep {base.name}[/bold]: {len(runs)} runs ({len({sweep_table._slug(r.setting) for r in runs})} "
         f"settings x {len({r.seed for r in runs})} seeds), {parallel} at a time, into {out}"
     )
+    console.print(_seeds_line(base, sorted({r.seed for r in runs}), sweep.fixed_seeds(base)), markup=False)
+    if ref is not None:
+        console.print(
+            f"reference: {sweep_table.setting_text(ref)} ("
+            + (
+                f"each setting is compared seed by seed with the setting of {line} = {ref[line]} that shares its "
+                "other values"
+                if line and line in ref
+                else "every other setting is compared with it seed by seed"
+            )
+            + "; --reference or sweep.reference picks another)",
+            markup=False,
+        )
+    for rule in sweep.planned_rules(runs):  # a later layer replacing an earlier one (scenarios.loader)
+        console.print(f"settings: {rule}", markup=False)
     for r in runs:
         if r.replaced is not None:
             console.print(
@@ -295,6 +352,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "only (sweep.csv: uncomposed_releases)"
             )
     done = 0
+    warned: set[str] = set()
 
     def on_result(r: Any) -> None:
         nonlocal done
@@ -309,13 +367,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(
             f"[{done}/{len(runs)}] {sweep_table._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
         )
+        for message in res.get("warning_messages") or []:  # each distinct warning once per sweep
+            if message not in warned:
+                warned.add(message)
+                console.print(f"warning ({sweep_table._slug(r.setting)}): {message}", markup=False)
 
     sweep.run_sweep(args.scenario, runs, parallel=parallel, on_result=on_result)
     sweep_table.add_statistics(runs, last)
     csv_path = sweep_table.write_csv(runs, out / "sweep.csv", last=last)
-    summary_path = sweep_table.write_summary_csv(runs, out / "sweep_summary.csv", last=last)
+    summary_path = sweep_table.write_summary_csv(
+        runs, out / "sweep_summary.csv", last=last, reference=reference, line=line
+    )
+    paired_path = sweep_table.write_paired_csv(
+        runs, out / "sweep_paired.csv", last=last, reference=reference, line=line
+    )
     plot = sweep_figure.plot_privacy_utility(
-        runs, out / "privacy_utility.png", line=line, title=base.name, last=last
+        runs, out / "privacy_utility.png", line=line, title=base.name, last=last, reference=reference
     )
     stat = sweep_table.statistic(last)
     columns, rows = sweep_table.table_rows(runs)
@@ -323,7 +390,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         title=f"{base.name}: {len(runs)} runs; held-out accuracy: {stat} (fewer where a run evaluated fewer: "
         "rounds averaged) and the final round (non-private: diagnostics that epsilon does not cover)"
     )
-    shown = [c for c in columns if c not in ("run_dir", "private")]
+    # a run's data_seed and noise_seed are shown where one differs from its seed (the scenario fixed it)
+    same_seeds = all(row.get(k) in (None, row["seed"]) for row in rows for k in ("data_seed", "noise_seed"))
+    hidden = ("run_dir", "private", *(("data_seed", "noise_seed") if same_seeds else ()))
+    shown = [c for c in columns if c not in hidden]
     for c in shown:
         header = sweep_table.short_header(c, last)
         # a non-private column's label must never be cut short: it is part of what the value means
@@ -338,8 +408,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     for k in keys:
         per.add_column(k.rsplit(".", 1)[-1], no_wrap=True)
-    for header in ("n", f"held-out acc\n{stat}", "final round\n(mean)", "epsilon", "failed"):
+    headers = ("n", f"held-out acc\n{stat}", "minus reference\n(paired by seed)", "final round\n(mean)")
+    for header in (*headers, "noise\nmultiplier", "epsilon", "failed"):
         per.add_column(header, no_wrap=True, min_width=max(map(len, header.splitlines())))
+    pairs = sweep_table.paired_to_reference(runs, ref, line)
+    paired, references = (
+        {sweep_table._slug(d.setting): d for d in pairs},
+        sweep_table.reference_slugs(ref, pairs),
+    )
     spread = []
     for s in sweep_table.summarise_settings(runs):
         acc = "n/a" if s.mean is None else f"{s.mean:.3f}"
@@ -357,22 +433,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             eps = f"{lo:.3f}-{hi:.3f}"
             spread.append(sweep_table._slug(s.setting))
+        d = paired.get(sweep_table._slug(s.setting))
         per.add_row(
             *[sweep_table.shown(k, s.setting.get(k)) for k in keys],
             str(s.n),
             acc,
+            "reference" if sweep_table._slug(s.setting) in references else d.text() if d is not None else "",
             "n/a" if s.final_mean is None else f"{s.final_mean:.3f}",
+            sweep_table.noise_multiplier_text(s),
             eps,
             str(s.failed),
         )
     console.print(per)
+    if ref is not None:
+        console.print(
+            f"minus reference: each setting's {stat} minus that of the reference ({sweep_table.setting_text(ref)}"
+            f"{f'; with the same values but {line}' if line and line in ref else ''}) in the same seed, the mean over seeds +- 95% Student t interval over those differences, the pairs, "
+            "and in how many seeds it was above or below (sweep_paired.csv: every pair)",
+            markup=False,
+        )
     if spread:
         console.print(
             f"epsilon differs between the seeds of {', '.join(spread)} (min-max shown): their runs released "
             "different numbers of rounds (a stop, or a run resumed with more rounds)"
         )
     console.print(
-        f"table: {csv_path}; per setting: {summary_path}"
+        f"table: {csv_path}; per setting: {summary_path}; paired by seed: {paired_path}"
         + (f"; privacy-utility plot: {plot}" if plot else "")
     )
     failed = [r for r in runs if sweep_table.run_failed(r.result)]
@@ -385,6 +471,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"  {r.result.get('run_dir', r.out)}: {r.result.get('status')}", markup=False)
         return 1
     return 0
+
+
+def _seeds_line(base: Any, seeds: list[int], fixed: dict[str, int]) -> str:
+    """Where a sweep starts: what its seeds vary (scenarios.schema.SEEDS), and what the scenario fixed."""
+    listed = ", ".join(map(str, seeds))
+    if not fixed:
+        return (
+            f"seeds {listed}: each run's data_seed and noise_seed (its data, initial model and batch order, and its "
+            "cohorts and noise); the settings of one seed share all of them, so differences are paired by seed"
+        )
+    held = " and ".join(f"{k} = {v}" for k, v in fixed.items())
+    varied = [k for k in ("data_seed", "noise_seed") if k not in fixed]
+    if not varied:
+        return f"{held}, fixed by the scenario: one seed ({listed}), every run on the same data and noise"
+    same = "trains on the same data" if "data_seed" in fixed else "draws the same cohorts and noise"
+    return f"seeds {listed}: vary {varied[0]} alone; {held} is fixed by the scenario, so every run {same}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -531,6 +633,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--parallel", type=int, default=None, help="runs at a time on Ray (default: the CPUs here)"
     )
     sw.add_argument("--line", default=None, help="grid key drawn as one line per value in the plot")
+    sw.add_argument(
+        "--reference",
+        default=None,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="the setting every other is compared with, paired by seed (the held-out accuracy difference in each "
+        "seed, its mean, 95%% t interval and sign count), e.g. --reference variant=dp-fedavg or "
+        "--reference privacy.noise_multiplier=0 (default: the scenario's sweep.reference, else the first setting)",
+    )
     sw.add_argument(
         "--last",
         type=int,

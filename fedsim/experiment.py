@@ -8,7 +8,7 @@ where the randomness comes from (``privacy.randomness``; a deployment always use
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,9 @@ class Experiment:
     settings: TrainSettings
     strategy: DPFedAvg
     initial_weights: np.ndarray
+    #: what the run's settings do that they do not say (:func:`fedsim.run_checks.run_warnings`): printed where the
+    #: run starts, recorded in ``summary.json``
+    warnings: list[Any] = field(default_factory=list)
 
     @property
     def train_ids(self) -> np.ndarray:
@@ -75,7 +78,7 @@ def build_data(scenario: Scenario) -> Any:
             partitioner=d.partitioner,
             alpha=d.alpha,
             heldout_fraction=d.heldout_fraction,
-            seed=scenario.seed,
+            seed=scenario.data_seed,  # the data side (scenarios.schema.SEEDS)
             domains=d.domains,
             **options,
         )
@@ -103,7 +106,7 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
 
     ``population``: the public population (:func:`public_population`; None: each round's realised population,
     which is then public: zero-out neighbours).
-    The seed drives sampling and noise only with ``privacy.randomness = "seeded"``.
+    ``noise_seed`` drives sampling and noise, only with ``privacy.randomness = "seeded"``.
     """
     p, s, a = scenario.privacy, scenario.server, scenario.agnostic
     adaptive = (
@@ -136,11 +139,11 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
         delta=p.delta,
         accountant=p.accountant,
         max_epsilon=p.max_epsilon,
-        seed=scenario.seed if p.randomness == "seeded" else None,  # None: OS entropy
+        seed=scenario.noise_seed if p.randomness == "seeded" else None,  # None: OS entropy
         population=population,
         noise=make_noise_source(
             p.mechanism or "independent",
-            scenario.seed if p.randomness == "seeded" else None,
+            scenario.noise_seed if p.randomness == "seeded" else None,
             **p.mechanism_options(),
         ),
         min_separation=p.min_separation,
@@ -189,15 +192,19 @@ def calibrated_noise_multiplier(strategy: DPFedAvg, population: int, scenario: S
 
 def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     """Data (built here unless given), settings, strategy (checked against the training clients) and the
-    initial model, a function of the seed only."""
+    initial model, a function of the data seed only."""
     data = build_data(scenario) if data is None else data
     settings = TrainSettings.from_scenario(scenario)
     check_fits(settings, data)
     population = public_population(scenario, data)
     strategy = build_strategy(scenario, population, data)
     if scenario.privacy.target_epsilon is not None:
-        scenario.privacy.noise_multiplier = calibrated_noise_multiplier(strategy, population, scenario)
+        scenario.privacy.mark_calibrated(calibrated_noise_multiplier(strategy, population, scenario))
         strategy = build_strategy(scenario, population, data)
-    return Experiment(
+    from fedsim.run_checks import run_warnings
+
+    exp = Experiment(
         scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)
     )
+    exp.warnings = run_warnings(exp)
+    return exp

@@ -41,6 +41,7 @@ from fedsim.report.rows import (
 from fedsim.report.rundir import RunWriter
 from fedsim.report.trackers import start_trackers
 from fedsim.round import PartialSum
+from fedsim.run_checks import exp_warnings, log_start
 from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
 from fedsim.training.vectorized import check_vectorize
 
@@ -80,6 +81,9 @@ class RunResult:
     stopped_detail: str | None = None
     #: the engine that trained the rounds: ``{"name", "requested", "why"}`` (:func:`engine_description`)
     engine: dict[str, Any] | None = None
+    #: what the run's settings do that they do not say (:func:`fedsim.run_checks.run_warnings`), as ``summary.json``
+    #: records them: ``{"kind", "message", "values"}``
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run_rounds(
@@ -247,6 +251,7 @@ class RoundLoop:
         fell_back = describe_training(self.train_path, self.train_fallbacks)
         if fell_back:
             log.warning("%s", fell_back)
+        log_start(self.exp)  # the run's facts and its warnings (fedsim.run_checks), before the first round
         for t in range(self.first, self.rounds + 1):
             if not self.step(t):
                 break
@@ -359,7 +364,7 @@ class RoundLoop:
                 row.setdefault(NON_PRIVATE, {})["train_clients_evaluated"] = int(self.eval_train_ids.size)
             merge_columns(row, evaluation_columns(exp.data, trained_rows, held))
             if self.scenario.report.membership_attack and held is not None:
-                row[NON_PRIVATE]["attack"] = attack_columns(trained_rows, held, self.scenario.seed, t)
+                row[NON_PRIVATE]["attack"] = attack_columns(trained_rows, held, self.scenario.data_seed, t)
         elif held is not None:  # held-out clients only: data the server owns, never trained on
             merge_columns(row, evaluation_columns(exp.data, None, held))
 
@@ -411,6 +416,7 @@ class RoundLoop:
             self.stopped_by,
             self.stopped_detail,
             self.engine_info,
+            warnings=[w.to_dict() for w in exp_warnings(self.exp)],
         )
         if self.trackers:  # never raises
             private = _nominal_private(self.strategy, self.population, final=bool(self.rows))
@@ -442,7 +448,8 @@ class RoundLoop:
                 local_training=self.train_path,
                 local_training_fallbacks=self.train_fallbacks,
                 engine=self.engine_info,
-            ),
+            )
+            | {"warnings": [w.to_dict() for w in exp_warnings(self.exp)]},  # fedsim.run_checks
         )
         writer.write_plots()
 
@@ -457,7 +464,7 @@ def make_canaries(exp: Experiment) -> CanaryClients | None:
     return CanaryClients(
         int(p.canaries),
         int(exp.initial_weights.size),
-        int(exp.scenario.seed),
+        int(exp.scenario.noise_seed),  # the privacy mechanism's side (scenarios.schema.SEEDS)
         max(last_id + 1, int(getattr(data, "num_clients", 0))),
         float(p.delta),
         float(p.canary_confidence),
@@ -472,19 +479,22 @@ def engine_description(engine: Any, scenario: Any) -> dict[str, Any]:
         "name": getattr(engine, "name", None),
         "requested": scenario.engine.name,
         "why": getattr(choice, "why", None),
+        # torch's CPU threads where the cohort trained, and why (fedsim.engine.threads): None when not said
+        "torch_threads": getattr(engine, "torch_threads", None),
+        "torch_threads_why": getattr(engine, "torch_threads_why", None),
     }
 
 
 def evaluation_clients(exp: Experiment, scenario: Any) -> tuple[np.ndarray, np.ndarray]:
     """The training and held-out clients every evaluated round evaluates: all of them, or with
-    ``engine.eval_clients = k`` at most k of each, drawn once (seeded by the scenario's seed, without replacement,
+    ``engine.eval_clients = k`` at most k of each, drawn once (seeded by the scenario's data seed, without replacement,
     sorted) and the same in every round, so an evaluated round's cost does not grow with the population. The
     sample is a function of the seed and the client ids only: it is the same on every engine and after a resume."""
     k = scenario.engine.eval_clients
     train, held = np.asarray(exp.train_ids), np.asarray(exp.heldout_ids)
     if k is None:
         return train, held
-    rng = np.random.default_rng([int(scenario.seed), EVAL_SAMPLE_STREAM])
+    rng = np.random.default_rng([int(scenario.data_seed), EVAL_SAMPLE_STREAM])
     return tuple(  # type: ignore[return-value]
         np.sort(rng.choice(ids, size=k, replace=False)) if ids.size > k else ids for ids in (train, held)
     )

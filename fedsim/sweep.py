@@ -50,6 +50,7 @@ import re
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,30 +60,11 @@ from fedsim.report.sweep_table import (
     SweepRun,
     _slug,
     _summary,
+    split_values,
     toml_value,
 )
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, parse_override, scenario_to_toml
-
-
-def split_values(text: str) -> list[str]:
-    """``"0.5,1.0"`` -> ``["0.5", "1.0"]``; commas inside brackets, braces or quotes do not split (``[32,32]``)."""
-    parts, depth, quote, cur = [], 0, "", []
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(ch)
-    parts.append("".join(cur).strip())
-    return parts
+from fedsim.scenarios.schema import SEEDS
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -105,6 +87,73 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     return grid
 
 
+def fixed_seeds(base: Scenario) -> dict[str, int]:
+    """The seeds (``data_seed``, ``noise_seed``) the scenario (or ``--set``) fixes: a sweep's ``seeds = k`` varies
+    ``seed``, and so every seed it does not fix (scenarios.schema.SEEDS)."""
+    return {k: getattr(base, k) for k in SEEDS if k in base.model_fields_set}
+
+
+#: a variant label that says its runs add no noise (case-insensitive): "non-private", "not private", "no noise",
+#: "noiseless", "z = 0", "sigma = 0"
+NO_NOISE_LABEL = re.compile(
+    r"\bnon[-_ ]?private\b|\bnot[-_ ]private\b|\bno[-_ ]noise\b|\bnoiseless\b|\b(?:z|sigma)\s*=\s*0(?![.\d])",
+    re.IGNORECASE,
+)
+
+
+def check_layers(
+    sets: list[str],
+    grid: dict[str, list[Any]],
+    grid_origin: str,
+    labels: list[str],
+    variants: list[dict[str, Any]],
+) -> None:
+    """Refuse a sweep whose layers would replace each other's values in every run: a grid key a variant also sets
+    (the grid's values would replace the variant's), a ``--set`` key the grid or a variant also sets (the
+    sweep's values would replace it). Each message names both settings and where they came from. (The noise
+    multiplier and the target epsilon, which replace each other through the calibration, are checked when each
+    run is loaded: :func:`fedsim.scenarios.loader.noise_precedence`.)"""
+    for label, variant in zip(labels, variants, strict=True):
+        for key in variant:
+            if key in grid:
+                raise ScenarioError(
+                    f"sweep variant {label!r} sets {key} = {toml_value(variant[key])}, and {grid_origin} varies "
+                    f"{key} over {', '.join(toml_value(v) for v in grid[key])}: the grid's values would replace the "
+                    f"variant's in every one of its runs. Take {key} out of the variant or out of the grid (a "
+                    "setting that must not take the grid's values, such as a non-private baseline, is a sweep of "
+                    "its own, or each value becomes a variant)"
+                )
+    swept = {key: grid_origin for key in grid}
+    for label, variant in zip(labels, variants, strict=True):
+        for key in variant:
+            swept.setdefault(key, f"sweep variant {label!r}")
+    for item in sets:
+        key = ".".join(parse_override(item)[0])
+        hit = next((k for k in swept if k == key or k.startswith(f"{key}.") or key.startswith(f"{k}.")), None)
+        if hit is not None:
+            raise ScenarioError(
+                f"--set {item} and {swept[hit]} both set {hit}: the sweep's values would replace the --set in "
+                "every run. Give it in one place"
+            )
+
+
+def check_label(label: str, scenario: Scenario) -> None:
+    """Refuse a variant whose label says its runs add no noise (:data:`NO_NOISE_LABEL`) when its resolved run does
+    (a noise multiplier above 0, or one calibrated to a target epsilon): a label never describes a run that did
+    not run that way."""
+    p = scenario.privacy
+    if label and NO_NOISE_LABEL.search(label) and (p.noise_multiplier > 0 or p.target_epsilon is not None):
+        what = (
+            f"privacy.target_epsilon = {p.target_epsilon:g} (its noise multiplier is calibrated to it)"
+            if p.target_epsilon is not None
+            else f"privacy.noise_multiplier = {p.noise_multiplier:g}"
+        )
+        raise ScenarioError(
+            f"sweep variant {label!r} is labelled as adding no noise, but its run has {what}: set "
+            "privacy.noise_multiplier = 0 and privacy.target_epsilon = none in the variant, or relabel it"
+        )
+
+
 def plan_sweep(
     scenario: str,
     *,
@@ -120,6 +169,7 @@ def plan_sweep(
     sets = list(sets or [])
     base = load_scenario(scenario, sets)
     spec = base.sweep
+    grid_origin = "the sweep grid" if grid is None else "--grid"
     grid = dict(spec.grid) if grid is None else grid
     seeds = spec.seeds if seeds is None else seeds
     if seeds < 1:
@@ -128,9 +178,22 @@ def plan_sweep(
         if not values:
             raise ScenarioError(f"sweep grid key {key!r} has no values")
     variants = [dict(v) for v in spec.variants] or [{}]
+    fixed = fixed_seeds(base)
+    if any("seed" in d for d in (grid, *variants)):
+        raise ScenarioError(
+            "sweep grid/variants set 'seed', which sweep.seeds (--seeds) sets run by run (seed, seed+1, ...); "
+            "give data_seed or noise_seed there instead"
+        )
+    if len(fixed) == len(SEEDS) and seeds > 1:
+        raise ScenarioError(
+            f"sweep.seeds={seeds} varies seed, the shorthand for data_seed and noise_seed, but the scenario fixes both "
+            f"({', '.join(f'{k}={v}' for k, v in fixed.items())}): every seed would be the same run; leave one out "
+            "(--set noise_seed=none) or give --seeds 1"
+        )
     labels = [str(v.pop("label", "")) or _slug(v) for v in variants]
     if len(set(labels)) != len(labels):
         raise ScenarioError(f"sweep.variants need distinct labels, got {labels}")
+    check_layers(sets, grid, grid_origin, labels, variants)
     root = Path(out) if out else Path(runs_root) / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{base.name}"
     runs = []
     for label, variant in zip(labels, variants, strict=True):
@@ -142,16 +205,49 @@ def plan_sweep(
                 f"{k}={toml_value(v)}" for k, v in {**variant, **dict(zip(grid, combo, strict=True))}.items()
             ]
             for k in range(seeds):
-                seed = base.seed + k
-                overrides = [*sets, *items, f"seed={seed}"]
+                seed = base.seed + k  # both seeds, but one the scenario fixes (fixed_seeds)
+                overrides = [*sets, *items, *([f"seed={seed}"] if len(fixed) < len(SEEDS) else [])]
+                origins = [
+                    *["--set"] * len(sets),
+                    *[f"sweep variant {label!r}"] * len(variant),
+                    *[grid_origin] * len(grid),
+                    *["sweep seeds"] * (len(overrides) - len(sets) - len(items)),
+                ]
                 try:
-                    load_scenario(scenario, overrides)
+                    resolved = load_scenario(scenario, overrides, origins=origins)
+                    check_label(label, resolved)
                 except ScenarioError as exc:
                     raise ScenarioError(f"sweep run {_slug(setting)} seed {seed}: {exc}") from None
-                runs.append(SweepRun(setting, seed, overrides, root / _slug(setting) / f"seed{seed}"))
+                out_dir = root / _slug(setting) / f"seed{seed}"
+                runs.append(
+                    PlannedRun(
+                        setting, seed, overrides, out_dir, origins=origins, rules=resolved.privacy.rules
+                    )
+                )
     if len({r.out for r in runs}) != len(runs):
         raise ScenarioError("two runs of this sweep would share a directory: make the grid's values distinct")
     return base, runs
+
+
+@dataclass
+class PlannedRun(SweepRun):
+    """A run :func:`plan_sweep` planned: a :class:`SweepRun` that also knows where each of its overrides came from
+    (``--set``, a variant, the grid, the seeds), so that the rules its run records name them."""
+
+    origins: list[str] | None = None
+    #: the precedence rules its settings were merged by (:func:`fedsim.scenarios.loader.noise_precedence`), as
+    #: its run prints and records them
+    rules: list[str] = field(default_factory=list)
+
+
+def planned_rules(runs: list[SweepRun]) -> list[str]:
+    """The distinct precedence rules of a sweep's planned runs, in order: what ``fedsim sweep`` prints before
+    the first run (each run's config.toml and summary.json record its own)."""
+    return list(dict.fromkeys(rule for r in runs if isinstance(r, PlannedRun) for rule in r.rules))
+
+
+def _origins(run: SweepRun) -> list[str] | None:
+    return run.origins if isinstance(run, PlannedRun) else None
 
 
 class SweepRefused(ScenarioError):
@@ -176,7 +272,7 @@ def _ignored(key: str) -> bool:
 def config_differences(existing: dict[str, Any], planned: dict[str, Any]) -> list[str]:
     """``["privacy.noise_multiplier: 1.0 in the run, 0.5 planned", ...]``: every dotted key (but
     :data:`IGNORED_KEYS`) whose value differs, or that only one of the two has; empty when they are the same."""
-    run, plan = flatten_tables(existing), flatten_tables(planned)
+    run, plan = _resolved_seeds(flatten_tables(existing)), flatten_tables(planned)
 
     def same(a: Any, b: Any) -> bool:  # 1 and 1.0, or true and 1, are different values here
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
@@ -273,13 +369,22 @@ def _blocking_ancestor(path: Path) -> Path | None:
 
 
 #: the keys that decide which clients a run trains and on what data: a replaced run with the same ones released
-#: rounds about the same clients
-SAME_CLIENTS_KEYS = ("seed", "data.")
+#: rounds about the same clients (whatever its noise_seed: other cohorts and noise of the same clients)
+SAME_CLIENTS_KEYS = ("data_seed", "data.")
+
+
+def _resolved_seeds(flat: dict[str, Any]) -> dict[str, Any]:
+    """A run's flattened config with ``data_seed`` and ``noise_seed`` as it ran them: a config written before they
+    existed has ``seed`` alone, which drew both."""
+    if "seed" in flat:
+        for key in SEEDS:
+            flat.setdefault(key, flat["seed"])
+    return flat
 
 
 def uncomposed_releases(old_dir: Path, planned: dict[str, Any]) -> str | None:
     """``"<old_dir>: N rounds released ..."`` when ``old_dir`` (a run of other settings that a ``new_run_dirs`` run
-    replaces) released ``N >= 1`` rounds about the same clients as the planned run (the same seed and data
+    replaces) released ``N >= 1`` rounds about the same clients as the planned run (the same data_seed and data
     settings, :data:`SAME_CLIENTS_KEYS`): those releases are not composed with the new run's epsilon, which
     accounts its own rounds only. None when it released nothing or its clients differ."""
     try:  # one row per released round, flushed as each round ends (a killed run's too)
@@ -290,7 +395,7 @@ def uncomposed_releases(old_dir: Path, planned: dict[str, Any]) -> str | None:
     rounds = sum(1 for line in metrics.splitlines() if line.strip())
     if rounds < 1:
         return None
-    run, plan = flatten_tables(existing), flatten_tables(planned)
+    run, plan = _resolved_seeds(flatten_tables(existing)), flatten_tables(planned)
 
     def clients(d: dict[str, Any]) -> dict[str, str]:
         return {
@@ -386,10 +491,21 @@ def result_of(run_dir: Path, status: str) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "delta": summary.get("delta"),
         "accountant": summary.get("accountant"),
+        # what the run's settings do that they do not say (fedsim.run_checks), by kind for the table, in full for
+        # the console
+        "warnings": ", ".join(dict.fromkeys(w.get("kind", "?") for w in _warnings(summary))),
+        "warning_messages": [f"{w.get('kind', '?')}: {w.get('message', '')}" for w in _warnings(summary)],
     }
 
 
-def execute(scenario: str, overrides: list[str], out: str) -> dict[str, Any]:
+def _warnings(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    found = summary.get("warnings")
+    return [w for w in found if isinstance(w, dict)] if isinstance(found, list) else []
+
+
+def execute(
+    scenario: str, overrides: list[str], out: str, origins: list[str] | None = None
+) -> dict[str, Any]:
     """Run (or resume, or skip) one sweep run; its comparison row. Module-level: Ray tasks call it by reference.
 
     It looks again at ``out`` (:func:`examine`), so that called on its own it never reports or runs again a
@@ -417,7 +533,7 @@ def execute(scenario: str, overrides: list[str], out: str) -> dict[str, Any]:
                 if not aside.exists():
                     run_dir.rename(aside)
                     break
-        run_scenario(load_scenario(scenario, overrides), run_dir)
+        run_scenario(load_scenario(scenario, overrides, origins=origins), run_dir)
         return result_of(run_dir, "done")
     except Exception as exc:  # one broken run must not cost the sweep the others
         return {"status": f"error: {type(exc).__name__}: {exc}"[:300], "run_dir": str(run_dir)}
@@ -461,7 +577,7 @@ def run_sweep(
     if parallel <= 1 or len(todo) <= 1:
         for r in todo:
             t0 = time.perf_counter()
-            r.result = execute(scenario, r.overrides, str(r.out))
+            r.result = execute(scenario, r.overrides, str(r.out), _origins(r))
             if r.result.get("non_private_wall_s") is None:
                 r.result["non_private_wall_s"] = time.perf_counter() - t0
             if on_result:
@@ -476,7 +592,10 @@ def run_sweep(
         task = remote_execute()
         pending = {
             task.remote(
-                scenario, [*r.overrides, "engine.name=local", "engine.round_timeout_s=none"], str(r.out)
+                scenario,
+                [*r.overrides, "engine.name=local", "engine.round_timeout_s=none"],
+                str(r.out),
+                None if _origins(r) is None else [*_origins(r), "sweep (Ray task)", "sweep (Ray task)"],
             ): r
             for r in todo
         }

@@ -2,7 +2,9 @@
 
 The scenario schema, :class:`fedsim.privacy.Mechanism`, the strategies and the samplers all call these
 functions, so the same bad value gives the same message wherever it enters: the field, the value received and
-what is allowed. This module imports nothing of fedsim's.
+what is allowed. Below every package too: :class:`ScenarioError` and :func:`parse_value` (how a command-line
+value is read), which reporting code raises and uses without importing the scenarios package. This module
+imports nothing of fedsim's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,27 @@ class PrivacyInputError(ValueError):
         self.value = value
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+class ScenarioError(ValueError):
+    """A scenario could not be found, parsed or validated (or a sweep's settings refer to one that is not there).
+
+    Defined here, below every package, so that reporting code can raise it without importing the scenarios
+    package (which imports reporting code); :mod:`fedsim.scenarios` exports it under the same name."""
+
+
+def parse_value(raw: str) -> Any:
+    """A value written on the command line (``--set``, ``--grid``, ``--reference``) read as TOML, else as the bare
+    word it is (``poisson``); ``none``/``null`` is None. The one reading of such a value."""
+    import tomllib
+
+    raw = raw.strip()
+    if raw.lower() in ("none", "null"):
+        return None
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: a string such as poisson or mnist1d
 
 
 def is_int(x: Any) -> bool:

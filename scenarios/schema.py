@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_serializer,
     field_validator,
@@ -422,6 +423,49 @@ class PrivacyConfig(_Section):
         description="adaptive clipping: noise std of the clipped-count release (default: clients/20)",
     )
 
+    #: not settings: the precedence rules the loader applied when it merged this section's layers
+    #: (scenarios.loader.noise_precedence), and whether noise_multiplier holds the value calibrated to
+    #: target_epsilon (set by fedsim.experiment.build_experiment)
+    _rules: list[str] = PrivateAttr(default_factory=list)
+    _calibrated: bool = PrivateAttr(default=False)
+
+    @property
+    def rules(self) -> list[str]:
+        """The precedence rules applied when the scenario's layers were merged (empty when none was needed)."""
+        return list(self._rules)
+
+    @rules.setter
+    def rules(self, value: list[str]) -> None:
+        self._rules = list(value)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether ``noise_multiplier`` is the value calibrated to ``target_epsilon`` (after the run's build)."""
+        return self._calibrated and self.target_epsilon is not None
+
+    def mark_calibrated(self, noise_multiplier: float) -> None:
+        """Set ``noise_multiplier`` to the value calibrated to ``target_epsilon``, and say so."""
+        self.noise_multiplier = noise_multiplier
+        self._calibrated = True
+
+    def calibration_text(self, rounds: int) -> str | None:
+        """``"calibrated to target epsilon 4 over 20 rounds (delta 1e-05, pld)"``, or None when not calibrated."""
+        if not self.calibrated:
+            return None
+        return (
+            f"calibrated to target epsilon {self.target_epsilon:g} over {rounds} rounds "
+            f"(delta {self.delta:g}, {self.accountant})"
+        )
+
+    def provenance(self, rounds: int | None = None) -> list[str]:
+        """Where the noise multiplier came from, as lines for ``config.toml``'s comments: its calibration (when
+        ``rounds`` is given and it was calibrated) and the precedence rules applied."""
+        calibration = self.calibration_text(rounds) if rounds is not None else None
+        head = (
+            [f"privacy.noise_multiplier = {self.noise_multiplier!r} is {calibration}"] if calibration else []
+        )
+        return [*head, *(f"settings rule: {r}" for r in self._rules)]
+
     @field_validator("noise_multiplier", "count_noise_multiplier")
     @classmethod
     def _noise_range(cls, value: Any, info: ValidationInfo) -> Any:
@@ -509,6 +553,13 @@ class EngineConfig(_Section):
         description="how a worker trains its clients: 'auto' (per-layer rules, else torch.func.vmap, else the "
         "loop), or one of 'per-layer', 'vmap', 'loop'; true means 'auto', false 'loop'",
     )
+    torch_threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="torch's CPU threads where the cohort trains (engines local and ray): 'auto' (the per-client "
+        "loop 1; the vectorised paths one per CPU of a Ray worker, or the usable CPUs less one in process; "
+        "fedsim.engine.threads), or a whole number for every path; the in-process engine gives the caller's count "
+        "back when the run ends; summary.json's engine says the count used",
+    )
     eval_every: int = Field(1, ge=1, description="evaluate train and held-out clients every N rounds")
     eval_clients: int | None = Field(
         None,
@@ -536,6 +587,14 @@ class EngineConfig(_Section):
         description="stop the run (exit code 4, nothing of that round released) when more than this fraction of "
         "a round's sampled clients failed; 1: never stop",
     )
+
+    @field_validator("torch_threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        """One message for every wrong value (the union would give one per member)."""
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024):
+            return value
+        raise ValueError("allowed 'auto' or a whole number of threads in [1, 1024]")
 
     @field_validator("ray_address")
     @classmethod
@@ -597,7 +656,18 @@ class SweepConfig(_Section):
         default_factory=list,
         description="sets of linked values (dotted key -> value, 'label' names the set), each crossed with the grid",
     )
-    seeds: int = Field(1, ge=1, le=1000, description="runs per setting, seeds seed, seed+1, ...")
+    seeds: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="runs per setting, seeds seed, seed+1, ...: each run's data_seed and noise_seed, but one the "
+        "scenario fixes (then the seeds vary the other alone)",
+    )
+    reference: str | None = Field(
+        None,
+        description="the setting every other is compared with, paired by seed, as key=value[,key=value] (e.g. "
+        "'variant=dp-fedavg' or 'privacy.noise_multiplier=0'); default: the first setting; `--reference` overrides",
+    )
     line: str | None = Field(
         None,
         description="the grid key drawn as one line per value in the privacy-utility plot ('variant' too)",
@@ -611,10 +681,28 @@ class SweepConfig(_Section):
     )
 
 
+#: what each of a scenario's two seeds draws; ``seed`` is the shorthand for both (each defaults to it). A sweep's
+#: ``seeds = k`` varies ``seed`` (so both) unless the scenario fixes one, which then stays fixed: with data_seed
+#: fixed, the seeds differ in the privacy mechanism's randomness alone. Differences paired by seed compare settings
+#: on the same data, initial model and batch orders (fedsim.report.sweep_table.paired_differences).
+SEEDS = {
+    "data_seed": "the data and the training: a generated dataset (synthetic, domains' shifts, noise and label swaps), "
+    "a data function's seed argument, the partition, the held-out clients, the model's initialisation, each "
+    "client's batch order and dropout masks, the evaluation sample (engine.eval_clients) and the membership "
+    "attack's sample",
+    "noise_seed": "the privacy mechanism (with privacy.randomness = 'seeded'; 'os-entropy' draws it from the "
+    "operating system): each round's cohort (and a cyclic schedule's groups), the noise of every mechanism "
+    "(distributed noise shares, adaptive clipping's count noise, agnostic FL's loss noise) and the canaries' "
+    "directions and coins",
+}
+
+
 class Scenario(_Section):
     name: str = "unnamed"
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="the shorthand for data_seed and noise_seed: each defaults to it")
+    data_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['data_seed']} (default: seed)")
+    noise_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['noise_seed']} (default: seed)")
     rounds: int = Field(30, ge=1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -625,6 +713,26 @@ class Scenario(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+
+    @model_validator(mode="after")
+    def _resolve_seeds(self) -> Scenario:
+        """``data_seed`` and ``noise_seed`` not given (or given as none) are ``seed``, resolved here so that
+        ``config.toml`` records the values the run used; again whenever ``seed`` is assigned (validate_assignment).
+        A ``seed`` given beside both, equal to neither, would draw nothing: refused, as a label that does not
+        describe the run."""
+        for key in SEEDS:
+            if getattr(self, key) is None:
+                self.model_fields_set.discard(key)  # given as none: follows seed, as if not given
+            if key not in self.model_fields_set:
+                self.__dict__[key] = self.seed
+        given = {k: getattr(self, k) for k in SEEDS if k in self.model_fields_set}
+        if "seed" in self.model_fields_set and len(given) == len(SEEDS) and self.seed not in given.values():
+            raise ValueError(
+                f"seed={self.seed} is the shorthand for data_seed and noise_seed, and both are given "
+                f"({', '.join(f'{k}={v}' for k, v in given.items())}), so it would label a run it does not draw: "
+                f"give seed equal to one of them (--set seed={self.data_seed}, the data's)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _agnostic_schedule(self) -> Scenario:
@@ -650,9 +758,33 @@ class Scenario(_Section):
         self._canaries_allowed()
         return self
 
+    @model_validator(mode="after")
+    def _bands_within_rounds(self) -> Scenario:
+        """banded-mf's strategy for a run of T rounds is a T x T lower-triangular Toeplitz matrix: it has at most T
+        bands (T bands is the full matrix), so the mechanism would run a larger ``privacy.bands`` as T bands while
+        config.toml said otherwise. Refused, naming both."""
+        bands, rounds = self.privacy.bands, self.rounds
+        if bands is not None and bands > rounds:
+            raise PrivacyInputError(
+                "privacy.bands",
+                bands,
+                f"must be <= rounds={rounds}: banded-mf's strategy for {rounds} rounds is a {rounds} x {rounds} "
+                f"lower-triangular matrix, which has at most {rounds} bands (bands = rounds is the full matrix); "
+                f"allowed: 1 to {rounds}, or more rounds",
+            )
+        return self
+
     def _canaries_allowed(self) -> None:
-        """Canary clients submit a direction scaled to the clip into the central clipped sum: refused where a
-        client would have to do more (a noise share, a domain loss) or where its participation is scheduled."""
+        """Canary clients submit a direction scaled to the clip into the central clipped sum (fedsim.privacy.canaries).
+
+        Steinke, Nasr and Jagielski's one-run bound holds for any mechanism that is (epsilon, delta)-DP with respect
+        to adding or removing one canary, each canary inserted by an independent fair coin: it audits the whole
+        run's output, so rounds may share noise (tree, banded-mf, BLT: a canary's rounds see correlated noise, which
+        the certified epsilon of the whole run covers) and a schedule may decide a canary's rounds (cyclic groups,
+        min-separation), as it decides every client's: a canary is given its slot from its own id, which no other
+        canary's coin moves. Refused where the certified epsilon is not such a guarantee about one canary's
+        insertion (replace-one neighbours, no clipping) or where a canary would have to do more than submit its
+        update (a noise share, a domain loss)."""
         p = self.privacy
         if not p.canaries:
             return
@@ -660,17 +792,19 @@ class Scenario(_Section):
         if not p.clip > 0:
             why = "clip=0 (no clipping: a canary's update is its direction scaled to the clip)"
         elif p.noise_placement != "central":
-            why = "noise_placement='distributed' (a canary would have to add a noise share of its own)"
+            why = (
+                "noise_placement='distributed' (a canary would have to add a noise share of its own, as each client "
+                "of a distributed run does; canary clients submit their update only)"
+            )
         elif self.agnostic.enabled:
             why = "agnostic FL (a canary has no domain and no loss to report)"
-        elif getattr(sampler_class(p.sampling), "scheduled", False) or getattr(
-            NOISE_SOURCES[p.mechanism or "independent"], "correlated", False
-        ):
-            why = f"sampling={p.sampling!r} / mechanism={p.mechanism or 'independent'!r} (canaries need independent rounds)"
         elif sampler_class(p.sampling).neighbouring != ADD_REMOVE:
             why = (
                 f"sampling={p.sampling!r}, accounted under {sampler_class(p.sampling).neighbouring!r} neighbours "
-                "(a one-run audit inserts or leaves out each canary: add-remove neighbours)"
+                "(the one-run audit inserts or leaves out each canary by a coin, so it tests an add-remove "
+                "guarantee, which a replace-one epsilon is not: a fixed-size cohort's sampling probability moves "
+                "with every canary inserted; use sampling='poisson' with clients_per_round or sampling_rate, or a "
+                "participation schedule)"
             )
         elif self.engine.name == "flower":
             why = "engine.name='flower' (canaries are inserted by fedsim's own engines: 'auto', 'local' or 'ray')"
@@ -678,6 +812,6 @@ class Scenario(_Section):
             raise PrivacyInputError(
                 "privacy.canaries",
                 p.canaries,
-                f"is not supported with {why}; allowed with central noise, independent rounds under poisson or all "
-                "sampling, on the local or Ray engine",
+                f"is not supported with {why}; allowed with central noise and add-remove neighbours (poisson, all, "
+                "cyclic or min-separation sampling; independent or correlated noise), on the local or Ray engine",
             )

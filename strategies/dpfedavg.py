@@ -459,6 +459,8 @@ class DPFedAvg(Strategy):
             # false for the non-private baseline (noise_multiplier = 0 or clip = 0): epsilon is infinite
             "private": all(m.private for _, m in plan.releases),
             "clip": plan.mechanism.clip,  # 0: no clipping
+            # z, as the run used it (calibrated to privacy.target_epsilon where one was given); 0: no noise
+            "noise_multiplier": plan.mechanism.noise_multiplier,
             # the std of the noise actually added to this round's sum: under correlated noise a combination of
             # fresh draws of std noise_multiplier * clip (noise_std_draw), up to 2x that for the tree
             "noise_std_sum": self.noise.added_std(plan.round, plan.mechanism.noise_std),

@@ -283,6 +283,7 @@ def summary(
         },
         "delta": scenario.privacy.delta,
         "accountant": scenario.privacy.accountant,
+        **noise_settings(scenario, strategy),
         "randomness": strategy.randomness,
         # the relation epsilon is stated for, and the public population the denominator and q came from (fixed
         # before round 1; "zero-out" when none was: the realised population was then used, and is public)
@@ -296,6 +297,29 @@ def summary(
         "round's releases composed",
         NON_PRIVATE: non_private,
         "paper_bounds_audit": audit(scenario, strategy, population),
+    }
+
+
+def noise_settings(scenario: Any, strategy: Any) -> dict[str, Any]:
+    """What ``summary.json`` says of the noise the run used (public: settings): ``noise_multiplier`` (the model
+    release's, calibrated where ``privacy.target_epsilon`` was given; 0: not private), ``noise_calibration`` (the
+    target it was calibrated to, over how many rounds, at which delta by which accountant; None when it was set
+    directly) and ``settings_rules`` (how settings that replace each other were merged:
+    :func:`fedsim.scenarios.loader.noise_precedence`)."""
+    p = scenario.privacy
+    z = getattr(strategy, "noise_multiplier", p.noise_multiplier)
+    calibration = None
+    if p.target_epsilon is not None:
+        calibration = {
+            "target_epsilon": p.target_epsilon,
+            "rounds": scenario.rounds,
+            "delta": p.delta,
+            "accountant": p.accountant,
+        }
+    return {
+        "noise_multiplier": float(z),
+        "noise_calibration": calibration,
+        "settings_rules": list(getattr(p, "rules", [])),
     }
 
 

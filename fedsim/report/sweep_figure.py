@@ -1,7 +1,9 @@
 """``privacy_utility.png``: a sweep's held-out accuracy against the certified epsilon (:mod:`fedsim.sweep`).
 
-One line per value of the ``line`` key, bars the 95% interval over seeds, each non-private setting a horizontal
-reference line with its interval as a band. The statistics it draws are :mod:`fedsim.report.sweep_table`'s.
+One line per value of the ``line`` key, bars the 95% interval over seeds (lines shifted sideways where they share
+an epsilon), each distinct non-private result a horizontal dashed line with its interval as a light band; below,
+each setting's difference to the reference setting paired by seed, with its interval and sign count. The
+statistics it draws are :mod:`fedsim.report.sweep_table`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fedsim.report.sweep_table import (
     statistic,
     summarise_settings,
 )
-from fedsim.scenarios import ScenarioError
+from fedsim.validation import ScenarioError
 
 
 def line_key(runs: list[SweepRun], requested: str | None) -> str | None:
@@ -96,18 +98,38 @@ def _sampling_notes(settings: list[SettingSummary]) -> list[str]:
     return notes
 
 
+#: the sideways offset (points) between the marks of two lines at the same x, so that their error bars stand
+#: apart; at most :data:`DODGE_SPAN` for all the lines together
+DODGE = 7.0
+DODGE_SPAN = 40.0
+#: the resolution the figure is laid out and saved at (labels are placed in the pixels it is saved in)
+DPI = 110
+#: epsilons within this relative distance are one epsilon (runs calibrated to one target land within a fraction
+#: of a percent of it): their settings share an x
+EPSILON_TOLERANCE = 0.01
+
+
+def _offset(ax: Any, dx: float) -> Any:
+    """``ax``'s data coordinates shifted ``dx`` points sideways (the same on a linear, log or category axis)."""
+    from matplotlib.transforms import ScaledTranslation
+
+    return ax.transData + ScaledTranslation(dx / 72.0, 0.0, ax.figure.dpi_scale_trans)
+
+
 def _drawn_points(ax: Any, step: float = 3.0) -> np.ndarray:
     """Display coordinates, every ``step`` pixels, of everything drawn as lines on ``ax`` (the curves, error bars
     and caps, reference lines) and its markers: what a point label must not cover."""
     paths = []
     for artist in [*ax.lines, *ax.collections]:
         if hasattr(artist, "get_segments"):  # error bars
-            paths += [ax.transData.transform(np.asarray(seg)) for seg in artist.get_segments() if len(seg)]
+            transform = artist.get_transform()
+            paths += [transform.transform(np.asarray(seg)) for seg in artist.get_segments() if len(seg)]
         elif hasattr(artist, "get_xydata"):
             paths.append(artist.get_transform().transform(np.asarray(artist.get_xydata(), dtype=float)))
         elif hasattr(artist, "get_offsets"):  # scatter dots
+            transform = artist.get_offset_transform()
             paths += [
-                ax.transData.transform(np.asarray(artist.get_offsets()))[i : i + 1]
+                transform.transform(np.asarray(artist.get_offsets()))[i : i + 1]
                 for i in range(len(artist.get_offsets()))
             ]
     pts = []
@@ -121,8 +143,12 @@ def _drawn_points(ax: Any, step: float = 3.0) -> np.ndarray:
     return np.concatenate(pts) if pts else np.empty((0, 2))
 
 
-def _place_labels(fig: Any, ax: Any, labels: list[tuple[float, float, str, str]]) -> None:
-    """Annotate each point ``(x, y, text, color)`` at the first of a ring of offsets where the text covers no
+#: a point label: ``(x, y, text, colour, dx)``, dx the point's sideways offset in points (:func:`_offset`)
+Label = tuple[float, float, str, str, float]
+
+
+def _place_labels(fig: Any, ax: Any, labels: list[Label]) -> None:
+    """Annotate each point ``(x, y, text, color, dx)`` at the first of a ring of offsets where the text covers no
     label placed before, nothing drawn (:func:`_drawn_points`) and stays inside the axes; where none is free, the
     one that covers the least, with a thin leader line."""
     if not labels:
@@ -135,15 +161,16 @@ def _place_labels(fig: Any, ax: Any, labels: list[tuple[float, float, str, str]]
     offsets = [(5, 4), (5, -11), (-5, 4), (-5, -11), (0, 9), (0, -17), (9, -3), (-9, -3)]
     offsets += [(dx * 2, dy * 2) for dx, dy in offsets] + [(dx * 3, dy * 3) for dx, dy in offsets]
     style = {"fontsize": 7, "bbox": {"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7}}
-    for x, y, text, color in labels:
+    for x, y, text, color, shift in labels:
+        at = {"xy": (x, y), "xycoords": _offset(ax, shift), "textcoords": "offset points"}
         best: tuple[float, Any, Any] | None = None
         for i, (dx, dy) in enumerate(offsets):
             ha = "left" if dx > 0 else "right" if dx < 0 else "center"
-            ann = ax.annotate(
-                text, (x, y), textcoords="offset points", xytext=(dx, dy), color=color, ha=ha, **style
-            )
+            ann = ax.annotate(text, xytext=(dx, dy), color=color, ha=ha, **at, **style)
+            ann.set_in_layout(False)  # placed in the final layout: it must not move the axes it was placed in
             box = ann.get_window_extent(renderer).padded(1.0)
-            inside = frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+            margin = box.padded(3.0)  # a little inside: a label flush with the frame reads as cut
+            inside = frame.contains(margin.x0, margin.y0) and frame.contains(margin.x1, margin.y1)
             covered = int(
                 np.count_nonzero(
                     (drawn[:, 0] >= box.x0)
@@ -167,62 +194,123 @@ def _place_labels(fig: Any, ax: Any, labels: list[tuple[float, float, str, str]]
             ann.remove()
             ann = ax.annotate(
                 text,
-                (x, y),
-                textcoords="offset points",
                 xytext=ann.xyann,
                 color=color,
                 ha=ann.get_ha(),
                 arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5, "alpha": 0.6},
+                **at,
                 **style,
             )
+            ann.set_in_layout(False)
         taken.append(box)
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _pairs(runs: list[SweepRun], reference: dict[str, Any] | None, line: str | None) -> list[Any]:
+    """The paired differences the figure draws: :func:`fedsim.report.sweep_table.paired_to_reference`, the rule
+    the tables and CSVs use too."""
+    from fedsim.report import sweep_table
+
+    return sweep_table.paired_to_reference(runs, reference, line)
+
+
+def _setting_text(setting: dict[str, Any], keys: list[str] | None = None) -> str:
+    return ", ".join(f"{_short(k)} = {_value_text(setting[k])}" for k in (keys or setting) if k in setting)
+
+
+def _redundant_with_x(key: str, members: list[SettingSummary]) -> bool:
+    """A grid key whose value every point's x already shows (``privacy.target_epsilon`` against the certified
+    epsilon it was calibrated to, or any key equal to the x within 2%): its label would repeat the axis."""
+    if key == "privacy.target_epsilon":
+        return True
+    values = [s.setting.get(key) for s in members]
+    return all(
+        isinstance(v, int | float) and not isinstance(v, bool) and abs(v - s.eps_max) <= 0.02 * abs(s.eps_max)
+        for v, s in zip(values, members, strict=True)
+    )
+
+
 def privacy_utility_figure(
-    runs: list[SweepRun], *, line: str | None, title: str, last: int = DEFAULT_LAST
+    runs: list[SweepRun],
+    *,
+    line: str | None,
+    title: str,
+    last: int = DEFAULT_LAST,
+    reference: str | None = None,
 ) -> Any:
     """The privacy-utility figure (a matplotlib Figure, or None when no run has a held-out accuracy).
 
-    y: per setting, the mean over seeds of each run's held-out accuracy averaged over its last ``last`` evaluated
-    rounds; bars: the 95% Student t interval over seeds; faint dots: the seeds. x: the certified epsilon after the
-    final round, one line per value of ``line``; when two settings of one line share their epsilon (a sweep at
-    constant epsilon), x is the varied grid key instead and the title says so. A setting without noise
-    (``noise_multiplier = 0``, not private) is a horizontal dashed line, its interval a band. Where the settings
-    sample differently, the legend gives each sampling's population and cohort. Call :func:`add_statistics`
-    first."""
-    from fedsim.report.plots import pyplot
+    Top panel, y: per setting, the mean over seeds of each run's held-out accuracy averaged over its last ``last``
+    evaluated rounds; bars: the 95% Student t interval over seeds; faint dots: the seeds. x: the certified epsilon
+    after the final round, one line per value of ``line``; when two settings of one line share their epsilon, or
+    every private setting has the same one (within :data:`EPSILON_TOLERANCE`: a sweep at constant or calibrated
+    epsilon), x is the varied grid key, or the setting, instead and the title says so. Where lines have points at
+    the same x, each line's marks are shifted sideways by a few points (the same shift for all its points), so
+    that no bar hides another. A setting without noise (``noise_multiplier = 0``, not private) is a horizontal
+    dashed line, its interval a light band with dotted edges; settings without noise whose runs gave the same
+    result seed by seed (a grid key that does not act without noise) are one line. A sweep of such settings only
+    draws them as points with bars against the setting.
+
+    Bottom panel (where a reference setting and a setting paired with it exist): each setting's difference to the
+    ``reference`` (``key=value[,key=value]``, resolved by :func:`fedsim.report.sweep_table.reference_setting`; the
+    first setting by default), paired by seed (:func:`_pairs`), with its 95% t interval over the paired
+    differences and ``k/n``: the seeds of the n paired in which the difference has the sign of its mean. The
+    reference is the named zero line. Notes (the statistic, the samplings, what a label means) are under the
+    figure. Call :func:`add_statistics` first."""
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.patches import Patch
+
+    from fedsim.report import sweep_table
+    from fedsim.report.plots import pyplot, readable_log_ticks
 
     settings = [s for s in summarise_settings(runs) if s.n and s.mean is not None]
     private = [s for s in settings if s.private is not False and _finite(s.eps_max)]
     baseline = [s for s in settings if s.private is False]
     if not private and not baseline:
         return None
+    only_baselines = not private
+    points = private or baseline  # drawn as points with bars
+    reference_of = sweep_table.reference_setting(runs, reference)
+    pairs = [p for p in _pairs(runs, reference_of, line) if p.n and p.mean is not None]
     plt = pyplot()
-    from matplotlib.lines import Line2D
+    if pairs:
+        fig, (ax, dax) = plt.subplots(
+            2, 1, figsize=(8.6, 7.2), dpi=DPI, sharex=True, height_ratios=[3, 2], layout="constrained"
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(8.6, 4.8), dpi=DPI, layout="constrained")
+        dax = None
 
-    fig, ax = plt.subplots(figsize=(7.2, 4.6))
-
-    def line_of(s: SettingSummary) -> str | None:  # the line's value as written (a list or a table too)
-        return _value_text(s.setting.get(line)) if line else None
+    def line_of(s: SettingSummary | dict[str, Any]) -> str | None:  # the line's value as written
+        setting = s if isinstance(s, dict) else s.setting
+        return _value_text(setting.get(line)) if line else None
 
     groups: dict[str | None, list[SettingSummary]] = {}
-    for s in private:
+    for s in points:
         groups.setdefault(line_of(s), []).append(s)
-    colors = {name: f"C{i}" for i, name in enumerate(groups)}
-    for b in baseline:  # a baseline on a line takes its colour; without lines, a neutral one
-        name = line_of(b)
-        if line:
-            colors.setdefault(name, f"C{len(colors)}")
+    colors = {name: f"C{i % 10}" for i, name in enumerate(groups)}
+    if not only_baselines:
+        for b in baseline:  # a baseline on a line takes its colour; without lines, a neutral one
+            if line:
+                colors.setdefault(line_of(b), f"C{len(colors) % 10}")
     point_keys = [k for k in _setting_keys(runs) if k != line]
-    varied = [k for k in point_keys if len({json.dumps(s.setting.get(k)) for s in private}) > 1]
+    varied = [k for k in point_keys if len({json.dumps(s.setting.get(k)) for s in points}) > 1]
 
-    def close(a: float, b: float) -> bool:
-        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
+    def close(a: float, b: float) -> bool:  # epsilons calibrated to one target land within a fraction of a %
+        return abs(a - b) <= EPSILON_TOLERANCE * max(abs(a), abs(b), 1e-12)
 
-    collapsed = any(
-        close(a.eps_max, b.eps_max)
-        for members in groups.values()
-        for a, b in itertools.combinations(members, 2)
+    eps_values = [s.eps_max for s in private]
+    collapsed = (
+        only_baselines
+        or any(
+            close(a.eps_max, b.eps_max)
+            for members in groups.values()
+            for a, b in itertools.combinations(members, 2)
+        )
+        or (len(private) > 1 and close(min(eps_values), max(eps_values)))
     )
     numeric_key = (
         varied[0]
@@ -230,88 +318,147 @@ def privacy_utility_figure(
         and all(
             isinstance(s.setting.get(varied[0]), int | float)
             and not isinstance(s.setting.get(varied[0]), bool)
-            for s in private
+            for s in points
         )
         else None
     )
     categories: list[str] = []
 
-    def point_text(s: SettingSummary) -> str:
-        return ", ".join(f"{_short(k)}={_value_text(s.setting.get(k))}" for k in varied)
+    def point_text(s: SettingSummary, keys: list[str]) -> str:
+        return ", ".join(f"{_short(k)}={_value_text(s.setting.get(k))}" for k in keys)
 
     def x_of(s: SettingSummary) -> float:
         if not collapsed:
             return float(s.eps_max)
         if numeric_key:
             return float(s.setting[numeric_key])
-        text = point_text(s) or _slug(s.setting)
+        text = point_text(s, varied) or line_of(s) or _slug(s.setting)
         if text not in categories:
             categories.append(text)
         return float(categories.index(text))
 
-    labels: list[tuple[float, float, str, str]] = []
+    xs_of = {_slug(s.setting): x_of(s) for s in points}
+    # lines with points at the same x are shifted sideways, each by its own amount
+    dodged = len(groups) > 1 and any(
+        line_of(a) != line_of(b)
+        and (
+            close(xs_of[_slug(a.setting)], xs_of[_slug(b.setting)])
+            if not collapsed
+            else xs_of[_slug(a.setting)] == xs_of[_slug(b.setting)]
+        )
+        for a, b in itertools.combinations(points, 2)
+    )
+    step = min(DODGE, DODGE_SPAN / max(len(groups) - 1, 1))
+    shift = {name: ((i - (len(groups) - 1) / 2) * step if dodged else 0.0) for i, name in enumerate(groups)}
+
+    categorical = collapsed and not numeric_key  # x is the setting: no line joins its points
+    label_keys = [k for k in varied if collapsed or not _redundant_with_x(k, points)]
+    labels: list[Label] = []
     eps_all = sorted({s.eps_max for s in private})
+    handles: list[Any] = []
+    names: list[str] = []
     for name, members in groups.items():
-        members = sorted(members, key=x_of)
-        xs = np.array([x_of(s) for s in members])
+        members = sorted(members, key=lambda s: xs_of[_slug(s.setting)])
+        xs = np.array([xs_of[_slug(s.setting)] for s in members])
         ys = np.array([100 * s.mean for s in members])
         err = np.array([100 * (s.half or 0.0) for s in members])
         color = colors[name]
+        moved = _offset(ax, shift[name])
         for s, x in zip(members, xs, strict=True):
             seeds = [100 * r.result[MEAN] for r in s.used]
-            ax.scatter([x] * len(seeds), seeds, s=14, alpha=0.45, color=color, linewidths=0, zorder=2)
-            if not collapsed and varied:
-                labels.append((x, 100 * s.mean, point_text(s), color))
-        label = f"{line} = {name}" if line else "DP-FedAvg (private)"
+            dots = ax.scatter([x] * len(seeds), seeds, s=14, alpha=0.45, color=color, linewidths=0, zorder=2)
+            dots.set_offset_transform(moved)
+            if not collapsed and label_keys:
+                labels.append((x, 100 * s.mean, point_text(s, label_keys), color, shift[name]))
+        if only_baselines:
+            label = _baseline_label(members[0]) + (f", {line} = {name}" if line else "")
+        else:
+            label = f"{line} = {name}" if line else "DP-FedAvg (private)"
         if collapsed and len(eps_all) > 1:  # the lines differ in epsilon: each says its own
             eps = sorted({s.eps_max for s in members})
             label += f", epsilon {eps[0]:.3g}" + (f"-{eps[-1]:.3g}" if len(eps) > 1 else "")
-        ax.errorbar(
-            xs, ys, yerr=err if err.any() else None, fmt="o-", capsize=3, color=color, label=label, zorder=3
+        bars = ax.errorbar(
+            xs,
+            ys,
+            yerr=err if err.any() else None,
+            fmt="o" if categorical else "o-",
+            capsize=3,
+            color=color,
+            label=label,
+            zorder=3,
+            transform=moved,
         )
-    for b in baseline:
-        name = line_of(b)
+        handles.append(bars)
+        names.append(label)
+
+    # the baselines of a sweep with private settings: one dashed line per distinct result
+    distinct: dict[tuple, list[SettingSummary]] = {}
+    if not only_baselines:
+        for b in baseline:
+            result = tuple(sorted((r.seed, round(float(r.result[MEAN]), 12)) for r in b.used))
+            distinct.setdefault((line_of(b), result), []).append(b)
+    for (name, _), same in distinct.items():
+        b = same[0]
         color = colors[name] if line else "0.2"
         y = 100 * b.mean
-        spread = f"mean of {b.n} seeds, band: 95% t interval" if b.half is not None else "n=1, no interval"
         label = _baseline_label(b) + (f", {line} = {name}" if line else "")
-        twins = [o for o in baseline if line_of(o) == name]
-        if len(twins) > 1:  # several baselines on one line: say which settings each is
-            label += ", " + ", ".join(
-                f"{_short(k)}={_value_text(b.setting[k])}" for k in b.setting if k != line
+        others = [
+            k
+            for k in _setting_keys(runs)
+            if k != line and len({_value_text(o.setting.get(k)) for o in same}) > 1
+        ]
+        if len(same) > 1:  # the same runs under several grid values: one line, and the label says which
+            label += "; the same result at " + "; ".join(
+                f"{_short(k)} = {', '.join(dict.fromkeys(_value_text(o.setting.get(k)) for o in same))}"
+                for k in others
             )
-        ax.axhline(y, ls="--", lw=1.4, color=color, label=f"{label}\n({spread})", zorder=2)
+        twins = [key for key in distinct if key[0] == name]
+        if len(twins) > 1:  # several distinct baselines on one line: say which settings each is
+            fixed = [k for k in b.setting if k != line and k not in others]
+            label += ", " + ", ".join(f"{_short(k)}={_value_text(b.setting[k])}" for k in fixed)
+        dash = ax.axhline(y, ls="--", lw=1.4, color=color, zorder=2, label=label)
         if b.half is not None:
-            ax.axhspan(y - 100 * b.half, y + 100 * b.half, color=color, alpha=0.12, lw=0, zorder=1)
-    if not collapsed and len(eps_all) > 1 and eps_all[-1] > 10 * max(eps_all[0], 1e-12):
-        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+            ax.axhspan(y - 100 * b.half, y + 100 * b.half, color=color, alpha=0.08, lw=0, zorder=1)
+            for edge in (y - 100 * b.half, y + 100 * b.half):
+                ax.axhline(edge, ls=":", lw=0.8, color=color, alpha=0.8, zorder=1)
+            band = Patch(facecolor=color, alpha=0.25, edgecolor=color, linestyle=":")
+            handles.append((band, dash))
+            spread = f"band: 95% t interval over {b.n} seeds"
+        else:
+            handles.append(dash)
+            spread = "n=1, no interval"
+        names.append(f"{label}\n({spread})")
 
+    if not collapsed and len(eps_all) > 1 and eps_all[-1] > 10 * max(eps_all[0], 1e-12):
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(ScalarFormatter())  # 2, 5, 10, 20 rather than 2x10^0
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    first = (private or baseline)[0].used[0].result
+        readable_log_ticks(ax, "x")  # 2, 3, 5, 10, 20 rather than 10^0 and 10^1 only
+    bottom = dax if dax is not None else ax
+    first = points[0].used[0].result
     if collapsed:
         if numeric_key:
-            ax.set_xlabel(numeric_key)
+            bottom.set_xlabel(numeric_key)
         else:
-            ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right", fontsize=8)
-            ax.set_xlabel("setting")
-    elif private:
-        ax.set_xlabel(
+            bottom.set_xticks(range(len(categories)), categories, rotation=20, ha="right", fontsize=8)
+            bottom.set_xlabel(
+                "setting (no private setting: epsilon is infinite for every run)"
+                if only_baselines
+                else "setting"
+            )
+        if len(categories) > 0:
+            ax.set_xlim(-0.6, len(categories) - 0.4)
+    else:
+        bottom.set_xlabel(
             f"certified epsilon after the final round, delta = {first.get('delta')} ({first.get('accountant')})"
         )
-    else:  # only non-private settings: no epsilon to put anywhere
-        ax.set_xticks([])
-        ax.set_xlabel("no private setting: epsilon is infinite for every run")
-    ax.set_ylabel(f"held-out client-level accuracy (%)\n{statistic(last)}")
+    what = _accuracy_name(runs)
+    ax.set_ylabel(f"held-out client-level {what} (%)\n{statistic(last)}")
     n_seeds = sorted({s.n for s in settings})
     seeds = f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}"
     text = (
         f"{title}: privacy-utility, {len(settings)} setting{'s' if len(settings) != 1 else ''} x {seeds} "
         f"seed{'s' if n_seeds[-1] != 1 else ''}"
     )
-    if collapsed:
+    if collapsed and not only_baselines:
         against = numeric_key or "the setting"
         text += (
             f"; epsilon is the same ({eps_all[0]:.3g}) for every private setting, so accuracy is plotted against "
@@ -321,45 +468,233 @@ def privacy_utility_figure(
         )
         if not numeric_key and len(varied) > 1:
             text += f" (--line {varied[-1]}: one line per value)"
-    ax.set_title(textwrap.fill(text, 72, break_on_hyphens=False), fontsize=10)
+    ax.set_title(textwrap.fill(text, 80, break_on_hyphens=False), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     lo, hi = ax.get_ylim()  # an interval over few seeds can reach past what an accuracy can be
     ax.set_ylim(max(lo, -2.0), min(hi, 102.0))
-    _place_labels(fig, ax, labels)
-    handles, names = ax.get_legend_handles_labels()
-    blank = Line2D([], [], ls="none")
+
     notes = [
         f"y: per run, {statistic(last)}; points: mean over seeds, "
         + ("bars: 95% Student t interval over seeds" if max(n_seeds) > 1 else "n=1, no interval")
-        + "; faint dots: seeds",
-        *_sampling_notes(settings),
+        + "; faint dots: seeds"
     ]
+    if dodged:
+        notes.append(
+            f"points of the lines at one {'epsilon' if not collapsed else 'x'} are shifted sideways "
+            f"({step:g} pt apart) so that their bars do not overlap"
+        )
+    paired_labels: list[Label] = []
+    if dax is not None:
+        note, paired_labels = _paired_panel(
+            dax, pairs, points, baseline, line, colors, shift, xs_of, reference_of, categorical
+        )
+        notes.append(note)
+    notes += _sampling_notes(settings)
     if labels:
-        notes.append("point labels: " + ", ".join(f"{_short(k)} = {k}" for k in varied))
-    handles += [blank] * len(notes)
-    names += [textwrap.fill(n, 46) for n in notes]
+        notes.append("point labels: " + ", ".join(f"{_short(k)} = {k}" for k in label_keys))
     ax.legend(
         handles,
-        names,
+        ["\n".join(textwrap.fill(part, 44) for part in n.split("\n")) for n in names],
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)},
         loc="upper left",
         bbox_to_anchor=(1.02, 1.0),
         fontsize=7.5,
         borderaxespad=0.0,
-        handlelength=2.2,
+        handlelength=2.4,
     )
+    fig.text(
+        0.0,
+        0.0,
+        "\n".join(textwrap.fill(n, 130, subsequent_indent="  ") for n in notes),
+        fontsize=7,
+        va="top",
+        ha="left",
+        color="0.2",
+    )
+    if dodged:  # room at both ends for the shifted marks (once the legends have taken their room)
+        _pad_x(fig, ax, list(xs_of.values()), max(abs(v) for v in shift.values()) + 8.0)
+    _place_labels(fig, ax, labels)
+    if dax is not None:
+        _place_labels(fig, dax, paired_labels)
     return fig
 
 
+def _pad_x(fig: Any, ax: Any, xs: list[float], points: float) -> None:
+    """Widen ``ax``'s x limits so that the marks at ``xs`` (data), shifted up to ``points`` sideways, stay
+    inside the axes."""
+    fig.canvas.draw()  # the layout, so that the axes' width in pixels is final
+    pad = points * fig.dpi / 72.0
+    lo, hi = ax.get_xlim()
+    inverse = ax.transData.inverted()
+    (x0, _), (x1, _) = ax.transData.transform([(lo, 0.0), (hi, 0.0)])
+    data = [x for x in xs if math.isfinite(x)]
+    if not data:
+        return
+    first, last = ax.transData.transform([(min(data), 0.0), (max(data), 0.0)])[:, 0]
+    new_lo = inverse.transform([(min(x0, first - pad), 0.0)])[0, 0]
+    new_hi = inverse.transform([(max(x1, last + pad), 0.0)])[0, 0]
+    ax.set_xlim(new_lo, new_hi)
+
+
+def _accuracy_name(runs: list[SweepRun]) -> str:
+    """``token accuracy`` where every run with a directory trained a sequence task (``data.json``'s
+    ``target_shape``), else ``accuracy``."""
+    shapes = []
+    for r in runs:
+        try:
+            data = json.loads((Path(r.result.get("run_dir") or r.out) / "data.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("target_shape"), list):
+            shapes.append(data["target_shape"])
+    return "token accuracy" if shapes and all(shapes) else "accuracy"
+
+
+def _paired_panel(
+    ax: Any,
+    pairs: list[Any],
+    points: list[SettingSummary],
+    baseline: list[SettingSummary],
+    line: str | None,
+    colors: dict[str | None, str],
+    shift: dict[str | None, float],
+    xs_of: dict[str, float],
+    reference: dict[str, Any] | None,
+    categorical: bool,
+) -> tuple[str, list[Label]]:
+    """The paired differences in ``ax`` (:func:`privacy_utility_figure`'s lower panel); returns its note and the
+    sign counts to place beside the points once the figure is laid out."""
+    by_slug = {_slug(s.setting): s for s in [*points, *baseline]}
+    per_reference = line is not None and reference is not None and line in reference
+
+    def name_of(setting: dict[str, Any]) -> str | None:
+        return _value_text(setting.get(line)) if line else None
+
+    ref_color = colors.get(name_of(reference or {}), "0.2") if line else "0.2"
+    ref_text = (
+        f"{line} = {name_of(reference or {})}, at each point"
+        if per_reference
+        else _setting_text(reference or {})
+    )
+    zero = ax.axhline(0.0, color=ref_color, lw=1.6, zorder=2)
+    handles: list[Any] = [zero]
+    names = [f"reference: {ref_text} (its difference is 0 by definition)"]
+    series: dict[tuple[str | None, bool], list[tuple[float, Any]]] = {}
+    flat: list[tuple[Any, str]] = []
+    for p in pairs:
+        s = by_slug.get(_slug(p.setting))
+        if s is None:
+            continue
+        if _slug(p.setting) in xs_of:  # a setting drawn as a point: at its own x
+            series.setdefault((name_of(p.setting), True), []).append((xs_of[_slug(p.setting)], p))
+        elif _slug(p.reference) in xs_of:  # a baseline against a point: at that point's x
+            series.setdefault((name_of(p.setting), False), []).append((xs_of[_slug(p.reference)], p))
+        else:  # a baseline against a baseline: a horizontal line, as in the panel above
+            flat.append((p, colors.get(name_of(p.setting), "0.2") if line else "0.2"))
+    labels: list[Label] = []
+
+    def count(p: Any) -> str:
+        if p.mean == 0:
+            return f"{p.n - p.above - p.below}/{p.n} equal"
+        return f"{p.above if p.mean > 0 else p.below}/{p.n}"
+
+    for (name, own), items in series.items():
+        items.sort(key=lambda t: t[0])
+        color = colors.get(name, "0.2") if line else ("C0" if own else "0.2")
+        moved = _offset(ax, shift.get(name, 0.0))
+        xs = np.array([x for x, _ in items])
+        ys = np.array([100 * p.mean for _, p in items])
+        err = np.array([100 * (p.half or 0.0) for _, p in items])
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=err if err.any() else None,
+            fmt=("o" if own else "D") + ("" if categorical else "-" if own else "--"),
+            mfc=color if own else "white",
+            ms=5,
+            lw=1.0,
+            capsize=3,
+            color=color,
+            zorder=3,
+            transform=moved,
+        )
+        for p_x, p in items:
+            dots = ax.scatter(
+                [p_x] * p.n,
+                [100 * d for d in p.differences],
+                s=10,
+                alpha=0.4,
+                color=color,
+                linewidths=0,
+                zorder=2,
+            )
+            dots.set_offset_transform(moved)
+            labels.append((p_x, 100 * p.mean, count(p), color, shift.get(name, 0.0)))
+    for p, color in flat:
+        y = 100 * p.mean
+        ax.axhline(y, ls="--", lw=1.2, color=color, zorder=2)
+        if p.half is not None:
+            ax.axhspan(y - 100 * p.half, y + 100 * p.half, color=color, alpha=0.08, lw=0, zorder=1)
+        ax.annotate(
+            count(p),
+            (1.0, y),
+            xycoords=("axes fraction", "data"),
+            xytext=(-4, 3),
+            textcoords="offset points",
+            ha="right",
+            fontsize=7,
+            color=color,
+        )
+    ax.set_ylabel("paired difference to\nthe reference (points)")
+    ax.grid(True, which="both", alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    if any(not own for _, own in series):
+        handles.append(Line2D([], [], ls="none", marker="D", mfc="white", mec="0.3", color="0.3"))
+        names.append("a setting without noise against the reference at that epsilon")
+    handles.append(Line2D([], [], ls="none"))
+    names.append("k/n beside a point: in k of the n paired seeds the difference has the sign of its mean")
+    ax.legend(
+        handles,
+        ["\n".join(textwrap.fill(part, 44) for part in n.split("\n")) for n in names],
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=7.5,
+        borderaxespad=0.0,
+        handlelength=2.4,
+    )
+    seeds = sorted({p.n for p in pairs})
+    note = (
+        "lower panel: setting minus reference, paired by seed"
+        + (
+            f" (each with the setting of the reference's {line} that shares its other settings)"
+            if per_reference
+            else ""
+        )
+        + "; bars: 95% Student t interval over the paired differences"
+        + ("" if seeds[-1] > 1 else " (n=1: none)")
+        + "; faint dots: the seeds' differences"
+    )
+    return note, labels
+
+
 def plot_privacy_utility(
-    runs: list[SweepRun], path: Path, *, line: str | None, title: str, last: int = DEFAULT_LAST
+    runs: list[SweepRun],
+    path: Path,
+    *,
+    line: str | None,
+    title: str,
+    last: int = DEFAULT_LAST,
+    reference: str | None = None,
 ) -> Path | None:
-    """``privacy_utility.png`` (:func:`privacy_utility_figure`), the legend outside the axes."""
-    fig = privacy_utility_figure(runs, line=line, title=title, last=last)
+    """``privacy_utility.png`` (:func:`privacy_utility_figure`), the legend outside the axes, the notes under
+    them."""
+    fig = privacy_utility_figure(runs, line=line, title=title, last=last, reference=reference)
     if fig is None:
         return None
     from fedsim.report.plots import pyplot
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
     pyplot().close(fig)
     return path

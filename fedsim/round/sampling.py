@@ -163,8 +163,10 @@ class Sampler(SeededState):
 
     @classmethod
     def min_population(cls, m: Any) -> int:
-        """The smallest population over which ``m``'s cohort can be drawn."""
-        return 1
+        """The smallest population over which ``m``'s cohort can be drawn: a cohort given as ``clients_per_round``
+        (an expected size under Poisson sampling, ``q = clients_per_round / population <= 1``) needs at least that
+        many clients; a rate, one."""
+        return max(1, int(m.clients_per_round)) if m.clients_per_round is not None else 1
 
     @classmethod
     def describe(cls, m: Any) -> str:

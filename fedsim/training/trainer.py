@@ -91,7 +91,7 @@ class TrainSettings:
             lr=scenario.client.lr,
             optimizer=scenario.client.optimizer,
             momentum=scenario.client.momentum,
-            seed=scenario.seed,
+            seed=scenario.data_seed,  # initialisation, batch orders, dropout: the data side (scenarios.schema.SEEDS)
             vectorize=scenario.engine.vectorize,
             loss=scenario.model.loss,
             metric=scenario.model.metric,

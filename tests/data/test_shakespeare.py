@@ -210,9 +210,7 @@ def test_registered_dataset_and_scenarios(fresh_cache):
         )
 
 
-@pytest.mark.parametrize(
-    ("name", "targets", "stride"), [("shakespeare-fedavg", "sequence", 80)]
-)
+@pytest.mark.parametrize(("name", "targets", "stride"), [("shakespeare-fedavg", "sequence", 80)])
 def test_the_non_private_baselines_run_plain_fedavg_with_the_papers_client_settings(
     fresh_cache, name, targets, stride
 ):

@@ -106,7 +106,9 @@ def test_summary_timings_are_under_non_private_and_listed_in_the_scope(tiny_run)
 
 def _fake(rounds: int = 5):
     scenario = SimpleNamespace(
-        name="fake", rounds=rounds, privacy=SimpleNamespace(delta=1e-5, accountant="pld")
+        name="fake",
+        rounds=rounds,
+        privacy=SimpleNamespace(delta=1e-5, accountant="pld", noise_multiplier=1.0, target_epsilon=None),
     )
     return scenario, SimpleNamespace(randomness="seeded")
 

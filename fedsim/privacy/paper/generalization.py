@@ -373,7 +373,9 @@ def min_population(
     def ok(n: int) -> bool:
         return generalization_statement(eps_at(n), delta, n, version)["status"] == "ok"
 
-    lo = mechanism.scheme.min_population(mechanism)
+    lo = mechanism.scheme.min_population(mechanism)  # the smallest population that can hold the cohort
+    if lo > max_population:
+        return None
     if mechanism.scheme.rate_is_fixed(mechanism):
         nm = generalization_statement(eps_at(mechanism.population), delta, mechanism.population, version)[
             "n_min"
