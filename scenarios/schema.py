@@ -504,6 +504,15 @@ class PrivacyConfig(_Section):
                 "is calibrated for the model update alone; with adaptive_clip the count release adds to epsilon: "
                 "set noise_multiplier and check the epsilon with max_epsilon instead",
             )
+        if self.target_epsilon is not None and self.noise_multiplier == 0:
+            # the loader names where each came from (scenarios.loader.noise_precedence); this catches the Python API
+            raise PrivacyInputError(
+                "target_epsilon",
+                self.target_epsilon,
+                "is set beside noise_multiplier=0, the non-private baseline: a calibration never gives a "
+                "non-private run. For the baseline set target_epsilon=None; for the target, leave noise_multiplier "
+                "unset or give it another value",
+            )
         noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
         baseline_combinations(
             self.clip,

@@ -291,3 +291,15 @@ label = "non-private (z = 0)"
         "privacy.target_epsilon = 8 (sweep variant 'dp-fedavg') replaces privacy.noise_multiplier = 1 (scenario "
         "file tiny.toml): the noise multiplier is calibrated to the target epsilon"
     ]
+
+
+def test_the_python_api_refuses_a_target_epsilon_beside_the_non_private_baseline():
+    """No loader layers there: the schema itself refuses z = 0 with a target, which a calibration would replace."""
+    from fedsim.scenarios.schema import PrivacyConfig
+    from fedsim.validation import PrivacyInputError
+
+    with pytest.raises(ValueError, match="noise_multiplier=0, the non-private baseline") as info:
+        PrivacyConfig(sampling_rate=0.1, target_epsilon=4, noise_multiplier=0)
+    assert isinstance(info.value, PrivacyInputError) or "target_epsilon" in str(info.value)
+    assert PrivacyConfig(sampling_rate=0.1, target_epsilon=4).noise_multiplier > 0  # calibrated later
+    assert PrivacyConfig(sampling_rate=0.1, noise_multiplier=0).target_epsilon is None
