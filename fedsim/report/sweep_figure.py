@@ -205,18 +205,6 @@ def _place_labels(fig: Any, ax: Any, labels: list[Label]) -> None:
         taken.append(box)
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
-
-
-def _pairs(runs: list[SweepRun], reference: dict[str, Any] | None, line: str | None) -> list[Any]:
-    """The paired differences the figure draws: :func:`fedsim.report.sweep_table.paired_to_reference`, the rule
-    the tables and CSVs use too."""
-    from fedsim.report import sweep_table
-
-    return sweep_table.paired_to_reference(runs, reference, line)
-
-
 def _setting_text(setting: dict[str, Any], keys: list[str] | None = None) -> str:
     return ", ".join(f"{_short(k)} = {_value_text(setting[k])}" for k in (keys or setting) if k in setting)
 
@@ -274,7 +262,10 @@ def privacy_utility_figure(
     only_baselines = not private
     points = private or baseline  # drawn as points with bars
     reference_of = sweep_table.reference_setting(runs, reference)
-    pairs = [p for p in _pairs(runs, reference_of, line) if p.n and p.mean is not None]
+    # the one pairing rule the tables and CSVs use too
+    pairs = [
+        p for p in sweep_table.paired_to_reference(runs, reference_of, line) if p.n and p.mean is not None
+    ]
     plt = pyplot()
     if pairs:
         fig, (ax, dax) = plt.subplots(
