@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 1
-    from fedsim.training.trainer import ClientTrainer, TrainSettings, initial_weights
+    from fedsim.training.trainer import ClientPlan, ClientTrainer, TrainSettings, initial_weights
 
     if args.data:
         with open(args.data, "rb") as f:
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=0,
         )
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
+    print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; training in full FP32 (TF32 off)")
     print(f"population: {data.num_clients} clients, input shape {data.input_shape}")
     rng = np.random.default_rng(0)
     ids = np.arange(data.num_clients)
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                     torch.set_num_threads(nthreads)
                     tr = ClientTrainer(population, s, device=dev)
                     path = tr.path.name
-                    row[(dev, nthreads)] = timed(lambda: tr.train(1, cohort, w, 1.0), args.reps)
+                    plan = ClientPlan(round=1, cohort=cohort, clip=1.0)
+                    row[(dev, nthreads)] = timed(lambda: tr.train(plan, w), args.reps)
                 torch.set_num_threads(threads)
                 c1, ca, g = row[("cpu", 1)], row[("cpu", threads)], row[("cuda", threads)]
                 print(
@@ -132,10 +134,6 @@ def main(argv: list[str] | None = None) -> int:
 
         from fedsim.engine.ray_engine import RayEngine
 
-        class Plan:
-            round, clip, noise_share_std, client_weights, loss_bound = 1, 1.0, 0.0, None, None
-            cohort = ids
-
         s = settings("mlp", True)
         w = initial_weights(s, data.input_shape, data.num_classes)
         print("\nRayEngine, mlp, all clients per round, vectorised:")
@@ -144,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 devices = sorted({i["device"] for i in eng.infos})
                 for cohort in (cohort100, ids):
-                    Plan.cohort = cohort
-                    t = timed(lambda: eng.train(Plan, w), args.reps)
+                    plan = ClientPlan(round=1, cohort=cohort, clip=1.0)
+                    t = timed(lambda: eng.train(plan, w), args.reps)
                     print(
                         f"  {workers} actors x {gpus:4.2f} GPU ({','.join(devices)}), cohort {cohort.size:5d}:"
                         f" {t:.4f} s/round",

@@ -7,6 +7,13 @@ clips each update with :func:`fedsim.round.clip_update` and returns only a
 
 Client randomness (batch order: :mod:`fedsim.training.shuffle`; distributed noise shares) comes from
 ``(seed, round, client_id)``, so the result does not depend on which worker trains which client.
+
+On CUDA the trainer computes in full FP32: its training, the training-path check and its evaluation run inside
+:func:`fedsim.training.precision.full_fp32`, which turns TensorFloat-32 off for cuDNN's convolutions and cuBLAS's
+matrix products around each call and gives the caller's settings back after it. TF32 (PyTorch's default for cuDNN
+on Ampere and later GPUs) moves results by ~1e-3 relative: the path check, which compares each client's batched
+gradient with the model run alone, would refuse the fast paths; DP clipping compares each update's norm with the
+clip; and a run on CUDA would no longer give the CPU's results.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from fedsim.round import NoiseSource, PartialSum, bounded_value, clip_update
 from .evaluation import WIDTH as EVAL_WIDTH
 from .evaluation import evaluate_outputs
 from .layers import DropoutMasks, client_dropout, dropout_layers
+from .precision import full_fp32
 from .shuffle import client_orders
 from .vectorized import TrainingPath, choose_path, chunk_plan, train_chunk
 
@@ -310,15 +318,16 @@ class ClientTrainer:
         self.metric = resolve_metric(settings.metric)
         self.has_dropout = bool(dropout_layers(self.model))
         #: how cohorts are trained: per-layer, vmap or loop (the first that agrees with the model run alone)
-        self.path: TrainingPath = choose_path(
-            self.model,
-            self.input_shape,
-            data.num_classes,
-            self.loss,
-            self.device,
-            settings.vectorize,
-            examples=probe_examples(data, self.device),
-        )
+        with full_fp32():  # checked in the arithmetic it will train in
+            self.path: TrainingPath = choose_path(
+                self.model,
+                self.input_shape,
+                data.num_classes,
+                self.loss,
+                self.device,
+                settings.vectorize,
+                examples=probe_examples(data, self.device),
+            )
         for reason in self.path.fallbacks:
             log.info("local training falls back from %s", reason)
 
@@ -341,6 +350,7 @@ class ClientTrainer:
         return torch.as_tensor(np.asarray(weights), dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ training
+    @full_fp32()
     def train_one(
         self, cid: int, server_round: int, global_w: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -477,7 +487,8 @@ class ClientTrainer:
             return
         for part in chunk_plan(self, cids):
             try:
-                updates, chunk_metrics = train_chunk(self, server_round, part, global_w)
+                with full_fp32():  # around the chunk only: not across the yield, where the caller's code runs
+                    updates, chunk_metrics = train_chunk(self, server_round, part, global_w)
             except Exception as exc:
                 log.warning(
                     "round %d: a chunk of %d clients failed on the %s path (%s: %s); training them one by one",
@@ -576,6 +587,7 @@ class ClientTrainer:
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
+    @full_fp32()
     def bounded_loss(self, cid: int, bound: float, weights: np.ndarray | torch.Tensor | None = None) -> float:
         """Mean over the client's examples of ``min(cross_entropy, bound) / bound`` for ``weights`` (default:
         the model as loaded)."""
@@ -589,6 +601,7 @@ class ClientTrainer:
         return float(torch.clamp(losses, min=0.0, max=bound).mean() / bound)
 
     @torch.no_grad()
+    @full_fp32()
     def evaluate(self, client_ids: list[int] | np.ndarray, weights: np.ndarray) -> np.ndarray:
         """One row per client, float64, in the layout of :data:`fedsim.training.evaluation.COLUMNS`:
         ``[client, examples, loss_sum, correct, scored, nll_sum, metric_sum]``."""
