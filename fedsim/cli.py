@@ -18,12 +18,14 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedsim.env import set_offline_defaults
+from fedsim.labels import NON_PRIVATE
 from fedsim.report.privacy import add_parser as add_privacy
-from fedsim.report.rundir import NON_PRIVATE
 
 EXIT_USAGE = 2
 EXIT_BUDGET = (
@@ -70,87 +72,34 @@ def noise_line(scenario: Any) -> str:
     return f"privacy: noise multiplier {z:.4g} ({why}), clip {p.clip:g}"
 
 
+class _UsageError(Exception):
+    """A bad command line, found by a command's helper: the command prints the message through :func:`_fail`
+    (exit 2)."""
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """``fedsim run``: load the scenario (or the run to resume), run it with a line per round, print its
+    summary; the exit code says how it ended (see the module docstring)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fedsim.scenarios import ScenarioError, load_scenario
-
-    rounds: int | None = None  # --resume --set rounds=M: extend the run to M rounds
-    if args.resume is not None:
-        if args.scenario is not None or args.out is not None:
-            return _fail(
-                "--resume RUN_DIR continues that run with its own config.toml: give no scenario or --out "
-                "(--set rounds=M extends it to M rounds; nothing else may change)"
-            )
-        from fedsim.scenarios.loader import parse_override
-
-        try:
-            for item in args.set:
-                keys, value = parse_override(item)
-                if keys != ["rounds"]:
-                    raise ScenarioError(
-                        f"--set {item}: with --resume only rounds may be changed (--set rounds=M extends the run "
-                        "to M rounds); every other setting is the run's own config.toml"
-                    )
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ScenarioError(f"--set {item}: rounds must be a whole number >= 1")
-                rounds = value
-            scenario = load_scenario(
-                str(Path(args.resume) / "config.toml"), None if rounds is None else [f"rounds={rounds}"]
-            )
-        except ScenarioError as exc:
-            return _fail(f"--resume {args.resume}: {exc}")
-    elif args.scenario is None:
-        return _fail("fedsim run needs a scenario (a shipped name or a .toml path), or --resume RUN_DIR")
-    else:
-        try:
-            scenario = load_scenario(args.scenario, args.set)
-        except ScenarioError as exc:
-            return _fail(str(exc))
+    try:
+        scenario, rounds = _scenario_to_run(args)
+    except _UsageError as exc:
+        return _fail(str(exc))
     from fedsim.engine.base import EngineError
     from fedsim.engine.runner import AlreadyFinished, resume_run, run_scenario
     from fedsim.env import process_age_s
-    from fedsim.report.rows import format_row
-    from fedsim.run_checks import format_warning, printed
+    from fedsim.run_checks import printed
 
     # the interpreter, the imports (torch, pydantic, dp-accounting, fedsim's run stack) and the scenario's loading
     startup = process_age_s()
 
     console = Console(highlight=False, soft_wrap=True)
-    console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
-    for (
-        rule
-    ) in scenario.privacy.rules:  # how settings that replace each other were merged (also in config.toml)
-        console.print(f"settings: {rule}", markup=False)
-    noise_shown = scenario.privacy.target_epsilon is None  # a calibrated value is known once the run is built
-    if noise_shown:
-        console.print(noise_line(scenario), markup=False)
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=args.no_progress,
-    )
-    task = progress.add_task("starting engine", total=scenario.rounds)
+    noise_shown = _print_run_header(console, scenario)
+    progress, on_row = _round_progress(console, scenario, noise_shown, disable=args.no_progress)
 
-    def on_row(row: dict[str, Any]) -> None:
-        nonlocal noise_shown
-        if (
-            not noise_shown
-        ):  # before the first round's line: the noise multiplier calibrated when the run was built
-            progress.console.print(noise_line(scenario), markup=False)
-            noise_shown = True
-        # no markup: the row's "[non-private: ...]" group is text, not a rich tag
-        progress.console.print(format_row(row, scenario.rounds), markup=False)
-        progress.update(task, completed=row["round"], description=f"round {row['round']}")
-
-    def show(
-        text: str, warning: bool
-    ) -> None:  # the run's facts and warnings (fedsim.run_checks) where it starts
+    # the run's facts and warnings (fedsim.run_checks) where it starts
+    def show(text: str, warning: bool) -> None:
         progress.console.print(text, markup=False, style="yellow" if warning else None)
 
     try:
@@ -172,6 +121,101 @@ def cmd_run(args: argparse.Namespace) -> int:
     except EngineError as exc:  # the engine cannot go on: every finished round is written
         print(f"fedsim: engine error: {exc}", file=sys.stderr)
         return 1
+    return _run_outcome(console, result)
+
+
+def _scenario_to_run(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """The scenario ``fedsim run`` runs, and with ``--resume``, the rounds to extend the run to (``--set
+    rounds=M``; None to finish it as planned). A bad command line raises :class:`_UsageError`."""
+    from fedsim.scenarios import ScenarioError, load_scenario
+
+    if args.resume is None:
+        if args.scenario is None:
+            raise _UsageError(
+                "fedsim run needs a scenario (a shipped name or a .toml path), or --resume RUN_DIR"
+            )
+        try:
+            return load_scenario(args.scenario, args.set), None
+        except ScenarioError as exc:
+            raise _UsageError(str(exc)) from None
+    if args.scenario is not None or args.out is not None:
+        raise _UsageError(
+            "--resume RUN_DIR continues that run with its own config.toml: give no scenario or --out "
+            "(--set rounds=M extends it to M rounds; nothing else may change)"
+        )
+    from fedsim.scenarios.loader import parse_override
+
+    rounds: int | None = None  # --resume --set rounds=M: extend the run to M rounds
+    try:
+        for item in args.set:
+            keys, value = parse_override(item)
+            if keys != ["rounds"]:
+                raise ScenarioError(
+                    f"--set {item}: with --resume only rounds may be changed (--set rounds=M extends the run "
+                    "to M rounds); every other setting is the run's own config.toml"
+                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ScenarioError(f"--set {item}: rounds must be a whole number >= 1")
+            rounds = value
+        scenario = load_scenario(
+            str(Path(args.resume) / "config.toml"), None if rounds is None else [f"rounds={rounds}"]
+        )
+    except ScenarioError as exc:
+        raise _UsageError(f"--resume {args.resume}: {exc}") from None
+    return scenario, rounds
+
+
+def _print_run_header(console: Any, scenario: Any) -> bool:
+    """The lines a run starts with: its name and description, how replacing settings were merged, and the noise
+    multiplier where it is known before the run is built. Returns whether that noise line was printed."""
+    console.print(f"[bold]fedsim run {scenario.name}[/bold]: {scenario.description}")
+    # how settings that replace each other were merged (also in config.toml)
+    for rule in scenario.privacy.rules:
+        console.print(f"settings: {rule}", markup=False)
+    noise_shown = scenario.privacy.target_epsilon is None  # a calibrated value is known once the run is built
+    if noise_shown:
+        console.print(noise_line(scenario), markup=False)
+    return noise_shown
+
+
+def _round_progress(
+    console: Any, scenario: Any, noise_shown: bool, *, disable: bool
+) -> tuple[Any, Callable[[dict[str, Any]], None]]:
+    """The run's progress bar, and the ``on_row`` that prints each round's line above it (after the calibrated
+    noise multiplier, before the first round, when the header could not print it)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fedsim.report.rows import format_row
+
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=disable,
+    )
+    task = progress.add_task("starting engine", total=scenario.rounds)
+
+    def on_row(row: dict[str, Any]) -> None:
+        nonlocal noise_shown
+        # before the first round's line: the noise multiplier calibrated when the run was built
+        if not noise_shown:
+            progress.console.print(noise_line(scenario), markup=False)
+            noise_shown = True
+        # no markup: the row's "[non-private: ...]" group is text, not a rich tag
+        progress.console.print(format_row(row, scenario.rounds), markup=False)
+        progress.update(task, completed=row["round"], description=f"round {row['round']}")
+
+    return progress, on_row
+
+
+def _run_outcome(console: Any, result: Any) -> int:
+    """After a run: its summary and warnings, the line saying why it stopped early, and the exit code (0, or
+    :data:`EXIT_BUDGET` / :data:`EXIT_FAILURES`)."""
+    from fedsim.run_checks import format_warning
+
     _print_summary(console, result)
     for warning in result.warnings:  # again beside the results they qualify (summary.json: warnings)
         console.print(format_warning(warning), markup=False, style="yellow")
@@ -290,18 +334,56 @@ def _print_summary(console: Any, result: Any) -> None:
         console.print(f"run directory: {result.run_dir}")
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+@dataclass
+class _SweepPlan:
+    """A sweep as ``fedsim sweep`` resolved it before anything runs: the base scenario and its runs, the setting
+    the plot draws as lines, the reference (as asked for, and the setting it resolved to), the rounds the
+    statistic averages, the output directory and how many runs go at a time."""
 
+    base: Any
+    runs: list[Any]
+    line: str | None
+    reference: str | None
+    ref: dict[str, Any] | None
+    last: int
+    out: Path
+    parallel: int
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``fedsim sweep``: plan the runs, check every existing run directory, run them, then write and print the
+    tables (per run, per setting, paired with the reference) and the privacy-utility plot. Exit 1 when a run
+    failed (the others are written)."""
+    from rich.console import Console
+
+    from fedsim import sweep
+
+    try:
+        plan = _plan_sweep(args)
+    except _UsageError as exc:
+        return _fail(str(exc))
+    runs = plan.runs
+    # a file or a pipe has no width: rich would cut the tables at 80 columns
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    _print_sweep_header(console, plan)
+    sweep.run_sweep(
+        args.scenario, runs, parallel=plan.parallel, on_result=_sweep_progress(console, len(runs))
+    )
+    return _report_sweep(console, plan)
+
+
+def _plan_sweep(args: argparse.Namespace) -> _SweepPlan:
+    """Resolve ``fedsim sweep``'s arguments into its runs and check every existing run directory
+    (:func:`fedsim.sweep.prepare_runs`), all before anything runs. A bad command line raises
+    :class:`_UsageError`."""
     from fedsim import sweep
     from fedsim.report import sweep_figure, sweep_table
     from fedsim.scenarios import ScenarioError
 
     if args.parallel is not None and args.parallel < 1:
-        return _fail(f"--parallel must be >= 1, got {args.parallel}")
+        raise _UsageError(f"--parallel must be >= 1, got {args.parallel}")
     if args.last is not None and args.last < 1:
-        return _fail(f"--last must be >= 1, got {args.last}")
+        raise _UsageError(f"--last must be >= 1, got {args.last}")
     try:
         grid = sweep.parse_grid(args.grid) if args.grid else None
         base, runs = sweep.plan_sweep(args.scenario, sets=args.set, grid=grid, seeds=args.seeds, out=args.out)
@@ -310,21 +392,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         reference = args.reference if args.reference is not None else base.sweep.reference
         ref = sweep_table.reference_setting(runs, reference)
     except ScenarioError as exc:
-        return _fail(str(exc))
+        raise _UsageError(str(exc)) from None
     last = args.last or base.sweep.last
     out = runs[0].out.parent.parent
     if out.exists() and not out.is_dir():
-        return _fail(f"--out {out} is a file; a sweep writes a directory of run directories there")
+        raise _UsageError(f"--out {out} is a file; a sweep writes a directory of run directories there")
     try:  # every existing run directory is checked before anything runs (fedsim.sweep.prepare_runs)
         sweep.prepare_runs(args.scenario, runs, new_run_dirs=args.new_run_dirs)
     except ScenarioError as exc:
-        return _fail(str(exc))
+        raise _UsageError(str(exc)) from None
     parallel = min(args.parallel or sweep.default_parallel(), len(runs))
-    # a file or a pipe has no width: rich would cut the tables at 80 columns
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    return _SweepPlan(base, runs, line, reference, ref, last, out, parallel)
+
+
+def _print_sweep_header(console: Any, plan: _SweepPlan) -> None:
+    """The lines a sweep starts with: its runs, what its seeds vary, the reference setting, how replacing
+    settings were merged, and each run directory that could not be reused."""
+    from fedsim import sweep
+    from fedsim.report import sweep_table
+
+    base, runs, line, ref = plan.base, plan.runs, plan.line, plan.ref
     console.print(
         f"[bold]fedsim sweep {base.name}[/bold]: {len(runs)} runs ({len({sweep_table._slug(r.setting) for r in runs})} "
-        f"settings x {len({r.seed for r in runs})} seeds), {parallel} at a time, into {out}"
+        f"settings x {len({r.seed for r in runs})} seeds), {plan.parallel} at a time, into {plan.out}"
     )
     console.print(_seeds_line(base, sorted({r.seed for r in runs}), sweep.fixed_seeds(base)), markup=False)
     if ref is not None:
@@ -351,6 +441,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"[bold yellow]warning[/bold yellow]: {r.uncomposed}; the epsilon of {r.out} covers its own rounds "
                 "only (sweep.csv: uncomposed_releases)"
             )
+
+
+def _sweep_progress(console: Any, total: int) -> Callable[[Any], None]:
+    """The ``on_result`` of :func:`fedsim.sweep.run_sweep`: a line per finished run (``[done/total]``), and each
+    distinct warning once per sweep."""
+    from fedsim.report import sweep_table
+
     done = 0
     warned: set[str] = set()
 
@@ -365,29 +462,80 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             else ""
         )
         console.print(
-            f"[{done}/{len(runs)}] {sweep_table._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
+            f"[{done}/{total}] {sweep_table._slug(r.setting)} seed {r.seed}: {res.get('status')} {what}"
         )
         for message in res.get("warning_messages") or []:  # each distinct warning once per sweep
             if message not in warned:
                 warned.add(message)
                 console.print(f"warning ({sweep_table._slug(r.setting)}): {message}", markup=False)
 
-    sweep.run_sweep(args.scenario, runs, parallel=parallel, on_result=on_result)
+    return on_result
+
+
+def _report_sweep(console: Any, plan: _SweepPlan) -> int:
+    """After the runs: write the CSVs and the plot, print the per-run and per-setting tables and what they mean,
+    the files written and the runs that failed. Returns the exit code (1 when a run failed)."""
+    from fedsim.report import sweep_figure, sweep_table
+
+    runs, last, out, line, ref = plan.runs, plan.last, plan.out, plan.line, plan.ref
     sweep_table.add_statistics(runs, last)
     csv_path = sweep_table.write_csv(runs, out / "sweep.csv", last=last)
     summary_path = sweep_table.write_summary_csv(
-        runs, out / "sweep_summary.csv", last=last, reference=reference, line=line
+        runs, out / "sweep_summary.csv", last=last, reference=plan.reference, line=line
     )
     paired_path = sweep_table.write_paired_csv(
-        runs, out / "sweep_paired.csv", last=last, reference=reference, line=line
+        runs, out / "sweep_paired.csv", last=last, reference=plan.reference, line=line
     )
     plot = sweep_figure.plot_privacy_utility(
-        runs, out / "privacy_utility.png", line=line, title=base.name, last=last, reference=reference
+        runs,
+        out / "privacy_utility.png",
+        line=line,
+        title=plan.base.name,
+        last=last,
+        reference=plan.reference,
     )
     stat = sweep_table.statistic(last)
     columns, rows = sweep_table.table_rows(runs)
+    console.print(_runs_table(plan, columns, rows, stat))
+    per, spread = _settings_table(plan, columns, stat)
+    console.print(per)
+    if ref is not None:
+        console.print(
+            f"minus reference: each setting's {stat} minus that of the reference ({sweep_table.setting_text(ref)}"
+            f"{f'; with the same values but {line}' if line and line in ref else ''}) in the same seed, the mean over seeds +- 95% Student t interval over those differences, the pairs, "
+            "and in how many seeds it was above or below (sweep_paired.csv: every pair)",
+            markup=False,
+        )
+    if spread:
+        console.print(
+            f"epsilon differs between the seeds of {', '.join(spread)} (min-max shown): their runs released "
+            "different numbers of rounds (a stop, or a run resumed with more rounds)"
+        )
+    console.print(
+        f"table: {csv_path}; per setting: {summary_path}; paired by seed: {paired_path}"
+        + (f"; privacy-utility plot: {plot}" if plot else "")
+    )
+    failed = [r for r in runs if sweep_table.run_failed(r.result)]
+    if failed:
+        console.print(
+            f"[red]{len(failed)} of {len(runs)} runs failed; the others are written (run again to retry the runs "
+            "that raised or were lost; a run stopped by failures is kept as it ended)[/red]"
+        )
+        for r in failed:
+            console.print(f"  {r.result.get('run_dir', r.out)}: {r.result.get('status')}", markup=False)
+        return 1
+    return 0
+
+
+def _runs_table(plan: _SweepPlan, columns: list[str], rows: list[dict[str, Any]], stat: str) -> Any:
+    """The sweep's table of runs: a row per run, its settings and results (``sweep.csv``'s columns, less the run
+    directory, and less the data and noise seeds where every run's equal its seed)."""
+    from rich.table import Table
+
+    from fedsim.report import sweep_table
+
     table = Table(
-        title=f"{base.name}: {len(runs)} runs; held-out accuracy: {stat} (fewer where a run evaluated fewer: "
+        title=f"{plan.base.name}: {len(plan.runs)} runs; held-out accuracy: {stat} (fewer where a run evaluated fewer: "
         "rounds averaged) and the final round (non-private: diagnostics that epsilon does not cover)"
     )
     # a run's data_seed and noise_seed are shown where one differs from its seed (the scenario fixed it)
@@ -395,15 +543,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     hidden = ("run_dir", "private", *(("data_seed", "noise_seed") if same_seeds else ()))
     shown = [c for c in columns if c not in hidden]
     for c in shown:
-        header = sweep_table.short_header(c, last)
+        header = sweep_table.short_header(c, plan.last)
         # a non-private column's label must never be cut short: it is part of what the value means
         table.add_column(header, no_wrap=c != "status", min_width=max(map(len, header.splitlines())))
     for row in rows:
         table.add_row(*[sweep_table.shown(c, row.get(c), row) for c in shown])
-    console.print(table)
+    return table
+
+
+def _settings_table(plan: _SweepPlan, columns: list[str], stat: str) -> tuple[Any, list[str]]:
+    """The sweep's table of settings: mean and interval over seeds, the paired difference from the reference,
+    the final round, noise multiplier, epsilon and failures. Also returns the settings whose seeds released
+    different epsilons (shown as a min-max range)."""
+    from rich.table import Table
+
+    from fedsim.report import sweep_table
+
+    runs, ref, line = plan.runs, plan.ref, plan.line
     keys = [k for k in columns if k not in sweep_table.RESULT_COLUMNS]
     per = Table(
-        title=f"{base.name}: per setting, held-out accuracy = {stat}, mean over seeds +- 95% Student t interval "
+        title=f"{plan.base.name}: per setting, held-out accuracy = {stat}, mean over seeds +- 95% Student t interval "
         "(one seed: n=1, no interval); epsilon: certified after the final round"
     )
     for k in keys:
@@ -444,33 +603,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             eps,
             str(s.failed),
         )
-    console.print(per)
-    if ref is not None:
-        console.print(
-            f"minus reference: each setting's {stat} minus that of the reference ({sweep_table.setting_text(ref)}"
-            f"{f'; with the same values but {line}' if line and line in ref else ''}) in the same seed, the mean over seeds +- 95% Student t interval over those differences, the pairs, "
-            "and in how many seeds it was above or below (sweep_paired.csv: every pair)",
-            markup=False,
-        )
-    if spread:
-        console.print(
-            f"epsilon differs between the seeds of {', '.join(spread)} (min-max shown): their runs released "
-            "different numbers of rounds (a stop, or a run resumed with more rounds)"
-        )
-    console.print(
-        f"table: {csv_path}; per setting: {summary_path}; paired by seed: {paired_path}"
-        + (f"; privacy-utility plot: {plot}" if plot else "")
-    )
-    failed = [r for r in runs if sweep_table.run_failed(r.result)]
-    if failed:
-        console.print(
-            f"[red]{len(failed)} of {len(runs)} runs failed; the others are written (run again to retry the runs "
-            "that raised or were lost; a run stopped by failures is kept as it ended)[/red]"
-        )
-        for r in failed:
-            console.print(f"  {r.result.get('run_dir', r.out)}: {r.result.get('status')}", markup=False)
-        return 1
-    return 0
+    return per, spread
 
 
 def _seeds_line(base: Any, seeds: list[int], fixed: dict[str, int]) -> str:

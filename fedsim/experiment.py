@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from fedsim.data import build_federated_data
-from fedsim.round import make_noise_source
+from fedsim.privacy.settings import PrivacySettings
 from fedsim.scenarios import Scenario
-from fedsim.strategies import AdaptiveClipping, DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
+from fedsim.strategies import DPAgnosticFedAvg, DPFedAvg, ServerOptimizer
 from fedsim.training.trainer import TrainSettings, check_fits, initial_weights
 
 
@@ -101,17 +101,22 @@ def public_population(scenario: Scenario, data: Any) -> int:
     return int(np.asarray(data.train_clients).size) + int(scenario.privacy.canaries or 0)
 
 
+def privacy_settings(scenario: Scenario) -> PrivacySettings:
+    """The scenario's ``[privacy]`` table as the run's one :class:`PrivacySettings`
+    (:meth:`fedsim.scenarios.schema.PrivacyConfig.settings`, with agnostic FL's releases when it is enabled),
+    validated by the same rules the schema asked when the scenario was loaded."""
+    return scenario.privacy.settings(agnostic=scenario.agnostic.enabled)
+
+
 def build_strategy(scenario: Scenario, population: int | None, data: Any = None) -> DPFedAvg:
-    """The scenario's strategy: :class:`DPFedAvg`, or :class:`DPAgnosticFedAvg` when ``agnostic.enabled``.
+    """The scenario's strategy: :class:`DPFedAvg`, or :class:`DPAgnosticFedAvg` when ``agnostic.enabled``, with the
+    scenario's privacy settings (:func:`privacy_settings`).
 
     ``population``: the public population (:func:`public_population`; None: each round's realised population,
     which is then public: zero-out neighbours).
     ``noise_seed`` drives sampling and noise, only with ``privacy.randomness = "seeded"``.
     """
     p, s, a = scenario.privacy, scenario.server, scenario.agnostic
-    adaptive = (
-        AdaptiveClipping(p.target_quantile, p.clip_lr, p.count_noise_multiplier) if p.adaptive_clip else None
-    )
     cls: Any = DPFedAvg
     extra: dict[str, Any] = {}
     if a.enabled:
@@ -128,26 +133,10 @@ def build_strategy(scenario: Scenario, population: int | None, data: Any = None)
             loss_bound=math.log(data.num_classes),
         )
     return cls(
-        sampling=p.sampling,
-        sampling_rate=p.sampling_rate,
-        clients_per_round=p.clients_per_round,
-        clip=p.clip,
-        noise_multiplier=p.noise_multiplier,
-        noise_placement=p.noise_placement,
-        adaptive_clipping=adaptive,
+        privacy_settings(scenario),
         server_optimizer=ServerOptimizer(s.optimizer, lr=s.lr, momentum=s.momentum, beta2=s.beta2, eps=s.eps),
-        delta=p.delta,
-        accountant=p.accountant,
-        max_epsilon=p.max_epsilon,
         seed=scenario.noise_seed if p.randomness == "seeded" else None,  # None: OS entropy
         population=population,
-        noise=make_noise_source(
-            p.mechanism or "independent",
-            scenario.noise_seed if p.randomness == "seeded" else None,
-            **p.mechanism_options(),
-        ),
-        min_separation=p.min_separation,
-        max_participations=p.max_participations,
         rounds=scenario.rounds,
         **extra,
     )

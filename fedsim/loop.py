@@ -1,6 +1,6 @@
 """The one round loop: every engine, Flower's Simulation Engine and a deployed ServerApp run their rounds here.
 
-One round (``shared/DESIGN.md``): the strategy samples the cohort and fixes the clip
+One round (``docs/architecture.md``, section 2): the strategy samples the cohort and fixes the clip
 (:meth:`~fedsim.strategies.DPFedAvg.begin_round`); the engine trains and clips (:class:`Engine`); the strategy
 noises, averages, steps and records the releases in its ledger (:meth:`~fedsim.strategies.DPFedAvg.finish_round`);
 the certified epsilon, the paper bounds beside it and the generalization statement are computed; the global
@@ -26,23 +26,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedsim.experiment import Experiment
+from fedsim.labels import NON_PRIVATE
 from fedsim.privacy.canaries import CanaryClients
+from fedsim.privacy.row_bounds import paper_bounds, privacy_columns
 from fedsim.report.attack import attack_columns
 from fedsim.report.checkpoint import Checkpoint, write_checkpoint
-from fedsim.report.rows import (
-    NON_PRIVATE,
-    evaluation_columns,
-    ledger_private,
-    merge_columns,
-    paper_bounds,
-    privacy_columns,
-    summary,
-)
+from fedsim.report.rows import evaluation_columns, ledger_private, merge_columns, summary
 from fedsim.report.rundir import RunWriter
 from fedsim.report.trackers import start_trackers
 from fedsim.round import PartialSum
 from fedsim.run_checks import exp_warnings, log_start
 from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
+from fedsim.training.precision import TF32
 from fedsim.training.vectorized import check_vectorize
 
 log = logging.getLogger(__name__)
@@ -379,12 +374,14 @@ class RoundLoop:
     def write_row(self, row: dict[str, Any]) -> None:
         """Complete a row whose epsilon is known (privacy columns; the diagnostics dropped unless asked for) and
         hand it on: the rows, ``metrics.jsonl``, the trackers, ``on_row``."""
-        fallback = getattr(self.strategy.ledger, "pld_fallback", None)
+        fell_back = getattr(self.strategy.ledger, "fell_back", None)
+        answered = fell_back(row["accountant"]) if fell_back else None
         if (
-            row["accountant"] == "pld" and fallback
-        ):  # PLD would not fit in memory: a valid, looser RDP epsilon
-            row["accountant_used"] = "rdp"
-            row["accountant_note"] = f"pld impractical ({fallback}); epsilon from rdp"
+            answered
+        ):  # the accountant would not fit in memory (PLD): the valid, looser epsilon of its fallback
+            used, why = answered
+            row["accountant_used"] = used
+            row["accountant_note"] = f"{row['accountant']} impractical ({why}); epsilon from {used}"
         row.update(privacy_columns(row["round"], row["epsilon"], self.bounds, self.delta, self.data_clients))
         if not self.diagnostics:
             row.pop(NON_PRIVATE, None)
@@ -473,7 +470,8 @@ def make_canaries(exp: Experiment) -> CanaryClients | None:
 
 def engine_description(engine: Any, scenario: Any) -> dict[str, Any]:
     """Which engine trained the rounds (public): ``name`` (the engine's, ``None`` when it does not say),
-    ``requested`` (``engine.name``) and, when ``auto`` picked it, ``why`` (:mod:`fedsim.engine.auto`)."""
+    ``requested`` (``engine.name``) and, when ``auto`` picked it, ``why`` (:mod:`fedsim.engine.auto`); ``tf32``:
+    whether CUDA training used TensorFloat-32 (never: :mod:`fedsim.training.precision`)."""
     choice = getattr(engine, "choice", None)
     return {
         "name": getattr(engine, "name", None),
@@ -482,6 +480,8 @@ def engine_description(engine: Any, scenario: Any) -> dict[str, Any]:
         # torch's CPU threads where the cohort trained, and why (fedsim.engine.threads): None when not said
         "torch_threads": getattr(engine, "torch_threads", None),
         "torch_threads_why": getattr(engine, "torch_threads_why", None),
+        # fedsim's trainer computes in full FP32 on CUDA, TF32 off (fedsim.training.precision)
+        "tf32": TF32,
     }
 
 

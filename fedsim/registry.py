@@ -17,6 +17,10 @@ Two kinds of engine are registered:
 
 A new engine is one module plus ``register_engine("name", "package.module:Factory", "what it is")`` (or the
 factory itself), called before the scenario is loaded.
+
+Code outside the engines never compares engine names (``tests/test_registry_names.py`` checks it): what the schema
+and the runner need to know about an engine is a field of its entry (``drives_loop``, ``supports_round_timeout``,
+``supports_canaries``), declared when it is registered.
 """
 
 from __future__ import annotations
@@ -30,13 +34,22 @@ from typing import Any
 @dataclass(frozen=True)
 class EngineEntry:
     """One registered engine: its ``engine.name``, its ``target`` (a ``"module:attribute"`` reference, resolved on
-    first use, or the object itself), a one-line ``description`` and whether it ``drives_loop`` (see the module
-    docstring)."""
+    first use, or the object itself), a one-line ``description``, whether it ``drives_loop`` (see the module
+    docstring), and what a scenario may ask of it, which the schema checks before anything is imported:
+
+    * ``supports_round_timeout``: whether it can honour ``engine.round_timeout_s``, i.e. stop waiting for a client
+      that hangs (only a client trained in another process can be given up on; an engine that trains in the
+      caller's process cannot);
+    * ``supports_canaries``: whether ``privacy.canaries`` can be inserted into its rounds (the round loop adds the
+      canaries' updates to what the engine returns; an engine whose clients are nodes outside fedsim, such as
+      Flower's, aggregates without them)."""
 
     name: str
     target: str | Callable[..., Any] | Any
     description: str = ""
     drives_loop: bool = False
+    supports_round_timeout: bool = True
+    supports_canaries: bool = True
 
     def resolve(self) -> Any:
         """The target object (imported now when it is a reference)."""
@@ -63,6 +76,8 @@ def register_engine(
     description: str = "",
     *,
     drives_loop: bool = False,
+    supports_round_timeout: bool = True,
+    supports_canaries: bool = True,
     replace: bool = False,
 ) -> EngineEntry:
     """Register an engine under ``name`` (what a scenario's ``engine.name`` then accepts); returns its entry.
@@ -70,6 +85,8 @@ def register_engine(
     ``target``: ``"package.module:attribute"`` (imported when the engine is first used) or the object itself:
     a factory ``start(scenario, data, settings) -> Engine``, or an object whose ``start`` is one; with
     ``drives_loop=True``, an object with ``run_scenario(scenario, *, on_row, writer) -> RunResult``.
+    ``supports_round_timeout`` and ``supports_canaries``: what the engine can do (:class:`EngineEntry`); a scenario
+    asking an engine for what it declares it cannot do is refused when it is validated.
     A name registered already is a ``ValueError`` unless ``replace=True``."""
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(
@@ -82,7 +99,7 @@ def register_engine(
             f"engine {name!r} is registered already (registered: {_listed()}); "
             "pass replace=True to register it again"
         )
-    entry = EngineEntry(name, target, description, drives_loop)
+    entry = EngineEntry(name, target, description, drives_loop, supports_round_timeout, supports_canaries)
     ENGINES[name] = entry
     return entry
 
@@ -124,13 +141,17 @@ register_engine(
     "a pool of Ray actors, on this machine or on the Ray cluster at engine.ray_address",
 )
 register_engine(
-    "local", "fedsim.engine.local_engine:LocalEngine", "every client in this process, one at a time"
+    "local",
+    "fedsim.engine.local_engine:LocalEngine",
+    "every client in this process, one at a time",
+    supports_round_timeout=False,
 )
 register_engine(
     "flower",
     "fedsim.engine.flower_engine:FlowerEngine",
     "Flower's Simulation Engine: the round loop runs inside Flower's ServerApp, one virtual SuperNode per client",
     drives_loop=True,
+    supports_canaries=False,
 )
 register_engine(
     "auto",

@@ -64,6 +64,7 @@ from fedsim.report.sweep_table import (
     toml_value,
 )
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, parse_override, scenario_to_toml
+from fedsim.scenarios.loader import SHORTHANDS
 from fedsim.scenarios.schema import SEEDS
 
 
@@ -128,8 +129,18 @@ def check_layers(
         for key in variant:
             swept.setdefault(key, f"sweep variant {label!r}")
     for item in sets:
-        key = ".".join(parse_override(item)[0])
-        hit = next((k for k in swept if k == key or k.startswith(f"{key}.") or key.startswith(f"{k}.")), None)
+        path, value = parse_override(item)
+        key = ".".join(path)
+        # a table's shorthand (privacy.mechanism = "banded-mf") keeps its name under the sweep's options of it
+        shorthand = tuple(path) in SHORTHANDS and isinstance(value, str)
+        hit = next(
+            (
+                k
+                for k in swept
+                if k == key or (k.startswith(f"{key}.") and not shorthand) or key.startswith(f"{k}.")
+            ),
+            None,
+        )
         if hit is not None:
             raise ScenarioError(
                 f"--set {item} and {swept[hit]} both set {hit}: the sweep's values would replace the --set in "

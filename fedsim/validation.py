@@ -173,23 +173,6 @@ def target_out_of_reach(
     )
 
 
-def baseline_combinations(
-    clip: float, noise_multiplier: float, *, max_epsilon: Any, noise_placement: str, adaptive: bool
-) -> None:
-    """What the non-private baselines (:func:`noise_and_clip`) cannot be combined with: a budget
-    (``max_epsilon``) or distributed noise with ``noise_multiplier = 0``, adaptive clipping with ``clip = 0``."""
-    if noise_multiplier == 0 and max_epsilon is not None:
-        raise PrivacyInputError(
-            "max_epsilon", max_epsilon, "no budget holds with noise_multiplier = 0 (not private); drop it"
-        )
-    if noise_multiplier == 0 and noise_placement == "distributed":
-        raise PrivacyInputError(
-            "noise_placement", noise_placement, "with noise_multiplier = 0 it adds no noise: use central"
-        )
-    if clip == 0 and adaptive:
-        raise PrivacyInputError("clip", clip, "adaptive_clip needs a clip > 0 to adapt (0 means no clipping)")
-
-
 def one_of(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise PrivacyInputError(name, value, f"must be one of {', '.join(allowed)}")

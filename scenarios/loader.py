@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from fedsim.validation import ScenarioError as ScenarioError  # defined below every package; exported here
 from fedsim.validation import parse_value
 
-from .schema import Scenario
+from .schema import ERROR_AT_KEY, Scenario
 
 
 def _shipped_dir() -> Path:
@@ -66,10 +66,19 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     _apply(data, keys, value, item)
 
 
+#: keys whose value may be a table's shorthand, and the table's key it stands for: ``privacy.mechanism = "tree"``
+#: is ``[privacy.mechanism] name = "tree"``, so that ``--set privacy.mechanism.bands=4`` (or a sweep's grid key)
+#: on it sets an option and keeps the name (``none``, no mechanism named, is the empty table)
+SHORTHANDS: dict[tuple[str, ...], str] = {("privacy", "mechanism"): "name"}
+
+
 def _apply(data: dict[str, Any], path: list[str], value: Any, item: str) -> None:
     node = data
-    for part in path[:-1]:
+    for depth, part in enumerate(path[:-1], start=1):
         child = node.setdefault(part, {})
+        short = SHORTHANDS.get(tuple(path[:depth]))
+        if short is not None and (child is None or isinstance(child, str)):
+            child = node[part] = {} if child is None else {short: child}
         if not isinstance(child, dict):
             raise ScenarioError(f"--set {item}: {part!r} is a value, not a section")
         node = child
@@ -94,6 +103,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         value = e.get("input")
+        if e["type"] == ERROR_AT_KEY:  # about one key of the section (schema.error_at): shown at that key
+            ctx = e.get("ctx") or {}
+            loc, msg, value = f"{loc}.{ctx['key']}", ctx["message"], ctx["value"]
         shown = "" if isinstance(value, dict) or e["type"] == "extra_forbidden" else f" (got {value!r})"
         lines.append(f"  {loc}: {msg}{shown}")
     return "\n".join(lines)

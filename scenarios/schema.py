@@ -10,6 +10,7 @@ placements, the certified accountants, server optimizers, training paths), and t
 
 from __future__ import annotations
 
+import importlib
 import math
 import types
 import typing
@@ -27,31 +28,28 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from fedsim import factories
 from fedsim.data import DATASETS, PARTITIONERS
 from fedsim.models import MODEL_FACTORIES, MODELS
-from fedsim.privacy.accountants import ACCOUNTANTS
-from fedsim.registry import engine_names
+from fedsim.privacy.accountants import DEFAULT_ACCOUNTANT, certified_methods
+from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, canaries_refused
+from fedsim.registry import engine_entry, engine_names
 from fedsim.round import (
     NOISE_PLACEMENTS,
     NOISE_SOURCES,
     RANDOMNESS,
     check_cohort,
-    check_schedule_combination,
-    mechanism_options,
-    sampler_class,
     sampling_names,
 )
-from fedsim.round.sampling import ADD_REMOVE
+from fedsim.round.mechanism_options import MOVED_OPTIONS, check_mechanism_options, option_names
 from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
 from fedsim.validation import (
     NO_NOISE,
     PrivacyInputError,
-    baseline_combinations,
     composed_noise_multiplier,
-    noise_and_clip,
     noise_multiplier_value,
 )
 
@@ -61,11 +59,6 @@ NoisePlacement = Literal[NOISE_PLACEMENTS]  # type: ignore[valid-type]
 Randomness = Literal[RANDOMNESS]  # type: ignore[valid-type]
 Vectorize = Literal[VECTORIZE]  # type: ignore[valid-type]
 ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
-
-
-def certified_accountants() -> tuple[str, ...]:
-    """The registry's certified accountants (read when a scenario is validated: later registrations count)."""
-    return tuple(sorted(n for n, a in ACCOUNTANTS.items() if a.kind == "certified"))
 
 
 def _registered(field: str, names: Callable[[], tuple[str, ...]]) -> Callable[[Any], str]:
@@ -80,9 +73,6 @@ def _registered(field: str, names: Callable[[], tuple[str, ...]]) -> Callable[[A
 
     return check
 
-
-#: the privacy section's fields that are a noise mechanism's options (each refused with another mechanism)
-MECHANISM_FIELDS = ("bands", "buffers", "estimator")
 
 #: the largest float32: training runs in float32, so a step size above it cannot even be applied
 FLOAT32_MAX = 3.4028234663852886e38
@@ -345,6 +335,77 @@ class ClientConfig(_Section):
     momentum: float = Field(0.9, ge=0, lt=1)
 
 
+#: the type of an error about one key inside the section being validated (:func:`error_at`)
+ERROR_AT_KEY = "value_error_at_key"
+
+
+def error_at(key: str, value: Any, message: str) -> PydanticCustomError:
+    """An error about ``key`` inside the model being validated, which pydantic can only place at the model itself
+    (a mechanism's option is an extra key, a moved key is refused before the fields are read): its text names the
+    key for a Python caller, and the loader shows it at ``<model>.<key>`` with ``value`` as the value received
+    (``format_validation_error``), as it shows a field's own error."""
+    return PydanticCustomError(
+        ERROR_AT_KEY,
+        "{text}",
+        {"text": f"{key}={value!r}: {message}", "key": key, "value": value, "message": message},
+    )
+
+
+def _toml_literal(value: Any) -> str:
+    """``value`` as TOML writes it (``"honaker"``, ``4``, ``[1.0, 0.5]``), for messages that show a table to write."""
+    import tomli_w
+
+    try:
+        return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+    except (TypeError, ValueError):  # not a TOML value (an object given through the Python API)
+        return repr(value)
+
+
+class MechanismConfig(BaseModel):
+    """``privacy.mechanism``: the noise mechanism, a registered noise source (``fedsim.round.NOISE_SOURCES``) by
+    ``name``, and its options, every other key of the table (``bands = 4`` for banded-mf): its class's fields
+    (:func:`fedsim.round.mechanism_options.option_names`), checked by the class itself. A scenario may write the
+    name alone, ``mechanism = "tree"``, when it sets no option; it is written back that way
+    (:meth:`PrivacyConfig._mechanism_out`). Options are not fields here because they are whatever the registered
+    class takes, a mechanism registered from outside fedsim included."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    name: Annotated[str, AfterValidator(_registered("mechanism", lambda: tuple(NOISE_SOURCES)))] = Field(
+        "independent",
+        description="a registered noise source; independent: independent Gaussian noise every round",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        """``"tree"`` is ``{name = "tree"}``; a name that is not registered is refused here, at
+        ``privacy.mechanism``, where the shorthand wrote it."""
+        if isinstance(data, str):
+            return {"name": _registered("mechanism", lambda: tuple(NOISE_SOURCES))(data)}
+        if isinstance(data, dict | MechanismConfig):
+            return data
+        raise ValueError(
+            f"must be a mechanism's name ({', '.join(NOISE_SOURCES)}) or a [privacy.mechanism] table with its "
+            "name and options"
+        )
+
+    def options(self) -> dict[str, Any]:
+        """The mechanism's options: the table's other keys (one set to none counts as not given, so that
+        ``--set privacy.mechanism.bands=none`` removes a scenario's option)."""
+        return {k: v for k, v in (self.model_extra or {}).items() if v is not None}
+
+    @model_validator(mode="after")
+    def _check(self) -> MechanismConfig:
+        try:
+            check_mechanism_options(self.name, self.options())
+        except PrivacyInputError as exc:
+            # the option the class names (an unknown key, a value it refuses); a field that joins two options
+            # (blt's decays/output_scales) stays at the table, its text naming both
+            raise error_at(str(exc.field), exc.value, exc.allowed) from None
+        return self
+
+
 class PrivacyConfig(_Section):
     sampling: Annotated[str, AfterValidator(_registered("sampling", sampling_names))] = Field(
         "poisson",
@@ -371,15 +432,14 @@ class PrivacyConfig(_Section):
         "is this (for the run's sampling, schedule and mechanism; the value found is written to the config)",
     )
     delta: float = Field(1e-5, gt=0, lt=1)
-    accountant: Annotated[str, AfterValidator(_registered("accountant", certified_accountants))] = Field(
-        "pld",
+    accountant: Annotated[str, AfterValidator(_registered("accountant", certified_methods))] = Field(
+        DEFAULT_ACCOUNTANT,
         description="a certified accountant of the registry (fedsim.privacy.ACCOUNTANTS): pld, rdp, ...",
     )
-    mechanism: (
-        Annotated[str, AfterValidator(_registered("mechanism", lambda: tuple(NOISE_SOURCES)))] | None
-    ) = Field(
+    mechanism: MechanismConfig | None = Field(
         None,
-        description="the noise mechanism, a registered noise source (fedsim.round.NOISE_SOURCES); default "
+        description="the noise mechanism: a registered noise source's name (fedsim.round.NOISE_SOURCES), or a "
+        "[privacy.mechanism] table with its name and options (name = 'banded-mf', bands = 4); default "
         "independent: independent Gaussian noise every round",
     )
     min_separation: int | None = Field(
@@ -390,13 +450,6 @@ class PrivacyConfig(_Section):
     )
     max_participations: int | None = Field(
         None, ge=1, description="min-separation: the most rounds one client takes part in (default: no cap)"
-    )
-    bands: int | None = Field(
-        None, ge=1, description="banded-mf: the strategy matrix's bands (default: min_separation)"
-    )
-    buffers: int | None = Field(None, ge=1, description="blt: the number of buffers (default 2)")
-    estimator: Literal["standard", "honaker"] | None = Field(
-        None, description="tree: the prefix-sum estimator (default standard)"
     )
     randomness: Randomness = Field(
         "seeded",
@@ -474,53 +527,84 @@ class PrivacyConfig(_Section):
             info.field_name, value, NO_NOISE if info.field_name == "noise_multiplier" else None
         )
 
+    @property
+    def mechanism_name(self) -> str:
+        """The noise mechanism's registered name (``privacy.mechanism`` absent: independent)."""
+        return self.mechanism.name if self.mechanism is not None else "independent"
+
     def mechanism_options(self) -> dict[str, Any]:
-        """The noise mechanism's options set in this section (``bands``, ``buffers``, ...)."""
-        return {k: getattr(self, k) for k in MECHANISM_FIELDS if getattr(self, k) is not None}
+        """The noise mechanism's options (``privacy.mechanism.bands``, ...), checked by its class; {} for none."""
+        return self.mechanism.options() if self.mechanism is not None else {}
+
+    @field_serializer("mechanism")
+    def _mechanism_out(self, value: MechanismConfig | None) -> str | dict[str, Any] | None:
+        """Written back as it is read: the name alone without options, else the table (so ``config.toml``
+        loads to the same scenario, and a run without options reads as before the table existed)."""
+        if value is None:
+            return None
+        options = value.options()
+        return {"name": value.name, **options} if options else value.name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_options(cls, data: Any) -> Any:
+        """A mechanism's options were keys of this section (``privacy.bands``) until they became the mechanism's
+        own table: refused with the key they have now, and the table to write (one set to none asks for its
+        absence, which holds: it is dropped)."""
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if not (k in MOVED_OPTIONS and v is None)}
+        for key in MOVED_OPTIONS:
+            if key not in data:
+                continue
+            value, given = data[key], data.get("mechanism")
+            name = given.get("name") if isinstance(given, dict) else given
+            if not (isinstance(name, str) and name in NOISE_SOURCES and key in option_names(name)):
+                # the mechanism named does not take it: name one that does
+                name = next((n for n in NOISE_SOURCES if key in option_names(n)), str(name))
+            raise error_at(
+                key,
+                value,
+                f"moved: set it as privacy.mechanism.{key}, a [privacy.mechanism] table with name = "
+                f"{_toml_literal(name)} and {key} = {_toml_literal(value)} (on the command line: --set "
+                f"privacy.mechanism={name} --set privacy.mechanism.{key}="
+                f"{value if isinstance(value, str) else _toml_literal(value)})",
+            )
+        return data
+
+    def settings(self, *, agnostic: bool = False) -> PrivacySettings:
+        """This section as the run's one :class:`fedsim.privacy.PrivacySettings` (``agnostic``: the run also releases
+        agnostic FL's losses), validated by the rules every caller asks (:mod:`fedsim.privacy.settings`)."""
+        adaptive = (
+            AdaptiveClipping(self.target_quantile, self.clip_lr, self.count_noise_multiplier)
+            if self.adaptive_clip
+            else None
+        )
+        return PrivacySettings(
+            sampling=self.sampling,
+            sampling_rate=self.sampling_rate,
+            clients_per_round=self.clients_per_round,
+            clip=self.clip,
+            noise_multiplier=self.noise_multiplier,
+            noise_placement=self.noise_placement,
+            mechanism=self.mechanism_name,
+            mechanism_options=self.mechanism_options(),
+            min_separation=self.min_separation,
+            max_participations=self.max_participations,
+            adaptive_clipping=adaptive,
+            delta=self.delta,
+            accountant=self.accountant,
+            max_epsilon=self.max_epsilon,
+            target_epsilon=self.target_epsilon,
+            canaries=self.canaries,
+            agnostic=agnostic,
+        )
 
     @model_validator(mode="after")
     def _cohort(self) -> PrivacyConfig:
         # the sampling scheme's own rule (Sampler.check_cohort), so a scenario and the API refuse the same values
         check_cohort(self.sampling, self.sampling_rate, self.clients_per_round)
-        sampler = sampler_class(self.sampling)
-        sampler.check_schedule(self.min_separation, self.max_participations)
-        noise = NOISE_SOURCES[self.mechanism or "independent"]
-        allowed = mechanism_options(noise.name)
-        for key in self.mechanism_options():
-            if key not in allowed:
-                raise PrivacyInputError(
-                    key,
-                    getattr(self, key),
-                    f"is an option of mechanism {' or '.join(n for n in NOISE_SOURCES if key in mechanism_options(n))}"
-                    f", not of {noise.name!r} (its options: {', '.join(a for a in allowed if a in MECHANISM_FIELDS) or 'none'})",
-                )
-        check_schedule_combination(
-            sampler, noise, noise_placement=self.noise_placement, adaptive=self.adaptive_clip
-        )
-        if self.target_epsilon is not None and self.adaptive_clip:
-            raise PrivacyInputError(
-                "target_epsilon",
-                self.target_epsilon,
-                "is calibrated for the model update alone; with adaptive_clip the count release adds to epsilon: "
-                "set noise_multiplier and check the epsilon with max_epsilon instead",
-            )
-        if self.target_epsilon is not None and self.noise_multiplier == 0:
-            # the loader names where each came from (scenarios.loader.noise_precedence); this catches the Python API
-            raise PrivacyInputError(
-                "target_epsilon",
-                self.target_epsilon,
-                "is set beside noise_multiplier=0, the non-private baseline: a calibration never gives a "
-                "non-private run. For the baseline set target_epsilon=None; for the target, leave noise_multiplier "
-                "unset or give it another value",
-            )
-        noise_and_clip(self.clip, self.noise_multiplier)  # clip = 0 (no clipping) needs noise_multiplier = 0
-        baseline_combinations(
-            self.clip,
-            self.noise_multiplier,
-            max_epsilon=self.max_epsilon,
-            noise_placement=self.noise_placement,
-            adaptive=self.adaptive_clip,
-        )
+        self.settings()  # the one set of combination rules (the Scenario asks again with agnostic FL)
         return self
 
 
@@ -618,10 +702,11 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _timeout_needs_another_process(self) -> EngineConfig:
-        if self.round_timeout_s is not None and self.name == "local":  # 'auto' then picks 'ray'
+        # the engine declares whether it can stop a hung client ('auto' then picks one that can)
+        if self.round_timeout_s is not None and not engine_entry(self.name).supports_round_timeout:
             raise ValueError(
-                "engine.round_timeout_s needs engine.name 'ray' or 'flower': the 'local' engine trains in this "
-                "process and cannot stop a client that hangs"
+                f"engine.round_timeout_s needs engine.name 'ray' or 'flower': the {self.name!r} engine trains in "
+                "this process and cannot stop a client that hangs"
             )
         return self
 
@@ -650,7 +735,7 @@ class ReportConfig(_Section):
     def _tracking_uri(cls, value: str | None) -> str | None:
         if value is None or not value.strip():  # TOML has no null: an empty string turns it off
             return None
-        from fedsim.report.trackers import check_tracking_uri  # its form only; nothing is imported or opened
+        from fedsim.tracking_uri import check_tracking_uri  # its form only; nothing is imported or opened
 
         return check_tracking_uri(value)
 
@@ -709,6 +794,13 @@ SEEDS = {
 class Scenario(_Section):
     name: str = "unnamed"
     description: str = ""
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules imported before the rest of the scenario is validated, in every process that loads it "
+        "(fedsim run, Ray workers, ClientApps, the ServerApp): they register samplers, noise mechanisms, release "
+        "kinds, accountants, layer rules or engines written outside fedsim, so their names are valid here. Each must "
+        "be installed, or on PYTHONPATH, wherever the scenario runs",
+    )
     seed: int = Field(0, ge=0, description="the shorthand for data_seed and noise_seed: each defaults to it")
     data_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['data_seed']} (default: seed)")
     noise_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['noise_seed']} (default: seed)")
@@ -722,6 +814,27 @@ class Scenario(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        """Import ``plugins`` first: the registries they add to decide which names the sections accept."""
+        modules = data.get("plugins") if isinstance(data, dict) else None
+        if not modules:
+            return data
+        if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
+            raise ValueError(
+                f"plugins must be a list of module names, e.g. ['mypackage.mechanisms']; got {modules!r}"
+            )
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ValueError(
+                    f"plugins: cannot import {module!r} ({exc}); it must be installed, or on PYTHONPATH, in every "
+                    "process that loads the scenario (Ray workers and ClientApps too)"
+                ) from None
+        return data
 
     @model_validator(mode="after")
     def _resolve_seeds(self) -> Scenario:
@@ -751,11 +864,8 @@ class Scenario(_Section):
                 self.privacy.target_epsilon,
                 "is calibrated for the model update alone; agnostic FL's loss releases add to epsilon",
             )
-        if self.agnostic.enabled:
-            p = self.privacy
-            check_schedule_combination(
-                sampler_class(p.sampling), NOISE_SOURCES[p.mechanism or "independent"], agnostic=True
-            )
+        if self.agnostic.enabled:  # the rules again, now that the run releases the domains' losses too
+            self.privacy.settings(agnostic=True)
         p, a = self.privacy, self.agnostic
         composed_noise_multiplier(
             {
@@ -770,12 +880,12 @@ class Scenario(_Section):
     @model_validator(mode="after")
     def _bands_within_rounds(self) -> Scenario:
         """banded-mf's strategy for a run of T rounds is a T x T lower-triangular Toeplitz matrix: it has at most T
-        bands (T bands is the full matrix), so the mechanism would run a larger ``privacy.bands`` as T bands while
-        config.toml said otherwise. Refused, naming both."""
-        bands, rounds = self.privacy.bands, self.rounds
+        bands (T bands is the full matrix), so the mechanism would run a larger ``privacy.mechanism.bands`` as T
+        bands while config.toml said otherwise. Refused, naming both."""
+        bands, rounds = self.privacy.mechanism_options().get("bands"), self.rounds
         if bands is not None and bands > rounds:
             raise PrivacyInputError(
-                "privacy.bands",
+                "privacy.mechanism.bands",
                 bands,
                 f"must be <= rounds={rounds}: banded-mf's strategy for {rounds} rounds is a {rounds} x {rounds} "
                 f"lower-triangular matrix, which has at most {rounds} bands (bands = rounds is the full matrix); "
@@ -784,43 +894,13 @@ class Scenario(_Section):
         return self
 
     def _canaries_allowed(self) -> None:
-        """Canary clients submit a direction scaled to the clip into the central clipped sum (fedsim.privacy.canaries).
-
-        Steinke, Nasr and Jagielski's one-run bound holds for any mechanism that is (epsilon, delta)-DP with respect
-        to adding or removing one canary, each canary inserted by an independent fair coin: it audits the whole
-        run's output, so rounds may share noise (tree, banded-mf, BLT: a canary's rounds see correlated noise, which
-        the certified epsilon of the whole run covers) and a schedule may decide a canary's rounds (cyclic groups,
-        min-separation), as it decides every client's: a canary is given its slot from its own id, which no other
-        canary's coin moves. Refused where the certified epsilon is not such a guarantee about one canary's
-        insertion (replace-one neighbours, no clipping) or where a canary would have to do more than submit its
-        update (a noise share, a domain loss)."""
+        """Canaries are inserted by fedsim's own engines: the engine declares whether it does
+        (:attr:`fedsim.registry.EngineEntry.supports_canaries`). Every privacy rule about canaries is
+        :mod:`fedsim.privacy.settings`'s, asked when the privacy section was validated."""
         p = self.privacy
-        if not p.canaries:
-            return
-        why = None
-        if not p.clip > 0:
-            why = "clip=0 (no clipping: a canary's update is its direction scaled to the clip)"
-        elif p.noise_placement != "central":
-            why = (
-                "noise_placement='distributed' (a canary would have to add a noise share of its own, as each client "
-                "of a distributed run does; canary clients submit their update only)"
-            )
-        elif self.agnostic.enabled:
-            why = "agnostic FL (a canary has no domain and no loss to report)"
-        elif sampler_class(p.sampling).neighbouring != ADD_REMOVE:
-            why = (
-                f"sampling={p.sampling!r}, accounted under {sampler_class(p.sampling).neighbouring!r} neighbours "
-                "(the one-run audit inserts or leaves out each canary by a coin, so it tests an add-remove "
-                "guarantee, which a replace-one epsilon is not: a fixed-size cohort's sampling probability moves "
-                "with every canary inserted; use sampling='poisson' with clients_per_round or sampling_rate, or a "
-                "participation schedule)"
-            )
-        elif self.engine.name == "flower":
-            why = "engine.name='flower' (canaries are inserted by fedsim's own engines: 'auto', 'local' or 'ray')"
-        if why:
-            raise PrivacyInputError(
-                "privacy.canaries",
+        if p.canaries and not engine_entry(self.engine.name).supports_canaries:
+            raise canaries_refused(
                 p.canaries,
-                f"is not supported with {why}; allowed with central noise and add-remove neighbours (poisson, all, "
-                "cyclic or min-separation sampling; independent or correlated noise), on the local or Ray engine",
+                f"engine.name={self.engine.name!r} (canaries are inserted by fedsim's own engines: 'auto', "
+                "'local' or 'ray')",
             )

@@ -4,7 +4,9 @@ They subclass :class:`flwr.serverapp.strategy.Strategy`, so any Flower ServerApp
 fedsim's engines drive the same objects through ``begin_round`` / ``finish_round``.
 """
 
-from .dpfedavg import AdaptiveClipping, BudgetExhausted, DPFedAvg, RoundPlan
+from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings
+
+from .dpfedavg import BudgetExhausted, DPFedAvg, RoundPlan
 from .server_opt import SERVER_OPTIMIZERS, ServerOptimizer
 
 __all__ = [
@@ -12,6 +14,7 @@ __all__ = [
     "AdaptiveClipping",
     "BudgetExhausted",
     "DPFedAvg",
+    "PrivacySettings",
     "RoundPlan",
     "ServerOptimizer",
 ]

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from fedsim.flower import protocol
-from fedsim.privacy import Mechanism
-from fedsim.round import PartialSum, bounded_value, check_schedule_combination, id_array, private_mean
+from fedsim.privacy import Mechanism, PrivacySettings
+from fedsim.round import PartialSum, bounded_value, id_array, placement, private_mean
 from fedsim.validation import PrivacyInputError, noise_multiplier_value, positive_finite
 
 from .dpfedavg import DPFedAvg, RoundPlan
@@ -79,6 +79,7 @@ class DPAgnosticFedAvg(DPFedAvg):
 
     def __init__(
         self,
+        privacy: PrivacySettings | None = None,
         *,
         client_domains: Mapping[int, int] | Callable[[int], int],
         num_domains: int,
@@ -89,14 +90,19 @@ class DPAgnosticFedAvg(DPFedAvg):
         domain_sizes: Iterable[int] | None = None,
         **kwargs: Any,
     ) -> None:
-        if kwargs.get("noise_placement", "central") != "central":
+        settings = kwargs if privacy is None else vars(privacy)
+        if placement(settings.get("noise_placement", "central")).clients_add_noise:
             raise ValueError(
                 "DPAgnosticFedAvg supports noise_placement='central' only (the weights are per client)"
             )
-        if kwargs.get("adaptive_clipping") is not None:
+        if settings.get("adaptive_clipping") is not None:
             raise ValueError("DPAgnosticFedAvg does not combine with adaptive clipping yet; use a fixed clip")
-        super().__init__(**kwargs)
-        check_schedule_combination(self.sampler, self.noise, agnostic=True)
+        # the per-domain losses are releases of their own: the privacy settings' rules know (agnostic=True)
+        if privacy is None:
+            kwargs["agnostic"] = True
+        else:
+            privacy = privacy.replace(agnostic=True)
+        super().__init__(privacy, **kwargs)
         if int(num_domains) < 1:
             raise PrivacyInputError("num_domains", num_domains, "must be an integer >= 1")
         lambda_lr = positive_finite("lambda_lr", lambda_lr)

@@ -1,9 +1,9 @@
 """DP-FedAvg with client-level differential privacy, as a Flower Message-API strategy.
 
-One round (``shared/DESIGN.md``): sample the cohort from the strategy's own seeded generator, broadcast,
-clip each client's update to flat L2 norm ``clip``, add Gaussian noise of std ``noise_multiplier * clip``
+One round (``docs/architecture.md``): sample the cohort from the strategy's own seeded generator, broadcast, clip
+each client's update to flat L2 norm ``clip``, add the noise mechanism's noise of scale ``noise_multiplier * clip``
 to the sum (centrally, or as per-client shares), divide by the *expected* cohort size, apply the server
-optimizer, and record the round's mechanism in the ledger.
+optimizer, and record in the ledger what the mechanism says the round released.
 
 The same object serves two callers:
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -30,66 +29,52 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.flower import protocol
+from fedsim.labels import NON_PRIVATE
 from fedsim.privacy import Ledger, Mechanism, ScheduleAccounting
 from fedsim.privacy.accountants import CERTIFIED
 from fedsim.privacy.mechanism import ZERO_OUT
 from fedsim.privacy.schedule import schedule_bounds
-from fedsim.report.rundir import NON_PRIVATE
+from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, check_combination, deployment_refusal
 from fedsim.round import (
     ADD_REMOVE,
     CLIP_COUNT,
-    NOISE_PLACEMENTS,
+    NOISE_SOURCES,
     STREAM_EVALUATION,
     NoiseSource,
     PartialSum,
     RoundPlan,
     Sampler,
     bounded_value,
-    check_schedule_combination,
     id_array,
     make_noise_source,
     make_sampler,
+    placement,
     private_mean,
     randomness_kind,
 )
-from fedsim.validation import (
-    PrivacyInputError,
-    baseline_combinations,
-    composed_noise_multiplier,
-    noise_and_clip,
-    noise_multiplier_value,
-    one_of,
-    open_unit,
-    positive_finite,
-)
+from fedsim.validation import PrivacyInputError, one_of
 
 from .server_opt import ServerOptimizer
 
 
-def check_distributed_noise(noise_placement: str, opted_in: bool, opt_in: str) -> None:
-    """Refuse ``noise_placement = "distributed"`` on real Flower nodes unless the operator opted in (``opt_in``
-    names how). fedsim has no secure aggregation: the server receives every client's update with only that
-    client's share of the noise, std ``z * clip / sqrt(m)`` for an expected cohort of m, so against the server a
-    client is protected by ``1/sqrt(m)`` of the noise that the ledger's epsilon accounts. That epsilon then holds
-    only against parties who see no more than the aggregate (the released model), not against the server.
-    Opting in says so in the log."""
-    if noise_placement != "distributed":
-        return
-    if not opted_in:
-        raise ValueError(
-            "noise_placement = 'distributed' is refused with Flower nodes: fedsim has no secure aggregation, so "
-            "the server receives each client's update carrying only that client's share of the noise, and against "
-            "the server the certified epsilon does not hold. Use noise_placement = 'central' (the server adds the "
-            "noise: epsilon holds against everyone who sees the released model), or, if the server is trusted and "
-            f"only third parties must be kept out, opt in with {opt_in}"
+def check_distributed_noise(settings: Any, opted_in: bool, opt_in: str) -> None:
+    """Refuse distributed noise on real Flower nodes unless the operator opted in (``opt_in`` names how):
+    :func:`fedsim.privacy.settings.deployment_refusal`, the one rule the ServerApp asks too. Opting in says so in
+    the log."""
+    why = deployment_refusal(settings, opted_in, opt_in)
+    if why:
+        raise ValueError(why)
+    if placement(settings.noise_placement).clients_add_noise:
+        log(
+            WARNING,
+            "%s: distributed noise WITHOUT secure aggregation. The server sees every client's update with only the "
+            "client's own noise share; the certified epsilon holds against third parties who see the released "
+            "model, not against this server",
+            opt_in,
         )
-    log(
-        WARNING,
-        "%s: distributed noise WITHOUT secure aggregation. The server sees every client's update with only the "
-        "client's own noise share; the certified epsilon holds against third parties who see the released model, "
-        "not against this server",
-        opt_in,
-    )
+
+
+__all__ = ["AdaptiveClipping", "BudgetExhausted", "DPFedAvg", "check_distributed_noise"]
 
 
 class BudgetExhausted(PrivacyBudgetExhausted):
@@ -99,59 +84,26 @@ class BudgetExhausted(PrivacyBudgetExhausted):
     Flower's exit code for an unmet strategy precondition."""
 
 
-@dataclass(frozen=True)
-class AdaptiveClipping:
-    """Adaptive clipping of Andrew, Thakkar, McMahan and Ramaswamy (NeurIPS 2021).
-
-    After each round the clip moves geometrically toward the ``target_quantile`` of the *unclipped* update
-    norms: ``clip <- clip * exp(-learning_rate * (b - target_quantile))`` where ``b`` is the noised fraction
-    of cohort clients whose update norm was <= the clip:
-    ``b = (sum_i 1[|Delta_i| <= clip] + N(0, count_noise_multiplier^2)) / expected_cohort``.
-    The count is a release of its own (sensitivity 1 under add/remove) and is recorded in the ledger beside
-    the model release. ``count_noise_multiplier`` defaults to ``expected_cohort / 20`` (the paper's choice).
-    """
-
-    target_quantile: float = 0.5
-    learning_rate: float = 0.2
-    count_noise_multiplier: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.target_quantile < 1.0:
-            raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"adaptive clipping learning_rate must be > 0, got {self.learning_rate}")
-        if self.count_noise_multiplier is not None:
-            # the range every noise multiplier keeps; 0 is not allowed (the count would be released un-noised)
-            z = noise_multiplier_value("count_noise_multiplier", self.count_noise_multiplier, None)
-            object.__setattr__(self, "count_noise_multiplier", z)
-
-
 class DPFedAvg(Strategy):
     """Federated averaging with client-level (epsilon, delta)-DP.
 
     Parameters
     ----------
-    sampling : a registered sampling scheme's name (:data:`fedsim.round.SAMPLERS`): ``"poisson"`` (each client
-        independently with probability q; add/remove neighbours), ``"fixed"`` (exactly ``clients_per_round`` clients
-        without replacement; replace-one neighbours) or ``"all"``; or a :class:`fedsim.round.Sampler` object.
-    sampling_rate, clients_per_round : the cohort (Poisson takes either; fixed takes clients_per_round).
-    clip : L2 bound on one client's update (flat norm over all arrays). With adaptive clipping, the start.
-        ``0``: no clipping (plain FedAvg, the non-private baseline without clipping; needs noise_multiplier 0).
-    noise_multiplier : z; the noise on the sum has std ``z * clip``. ``0``: clipped, un-noised DP-FedAvg (the
-        non-private baseline of a comparison): every accountant then reports epsilon = infinity.
-    noise_placement : ``"central"`` (the server adds the noise) or ``"distributed"`` (each sampled client
-        clips and adds a share ``N(0, (z*clip)^2 / expected_cohort)``; the server tops up the shares missing
-        below the expected cohort). The total noise is at least the accounted one; the accounting is the same.
-        The share depends only on public parameters (not on how many clients were sampled). With Flower
-        (:meth:`start`), distributed noise is refused unless ``distributed_without_secagg=True``: fedsim has no
-        secure aggregation, so the server sees each update with only its client's share.
-    adaptive_clipping : :class:`AdaptiveClipping` or None for a fixed clip.
+    privacy : the run's privacy settings (:class:`fedsim.privacy.PrivacySettings`: sampling and cohort, clip, noise
+        multiplier, noise placement, noise mechanism and its options, participation schedule, adaptive clipping,
+        delta, accountant, max_epsilon), validated once with the one set of combination rules. A Python caller
+        may give the same settings as keywords instead (``DPFedAvg(sampling_rate=0.1, noise_multiplier=1.0)``):
+        they build the object. Briefly: ``clip = 0`` is no clipping (plain FedAvg, needs ``noise_multiplier = 0``);
+        ``noise_multiplier = 0`` is the un-noised baseline (epsilon infinite); ``noise_placement = "distributed"``
+        has each sampled client add its share of the noise (the mechanism's :meth:`~fedsim.round.NoiseSource.
+        share_scale` over the expected cohort, a public number) and the server the shares missing below the
+        expected cohort, so the total is at least the accounted one; with Flower (:meth:`start`) it is refused
+        unless ``distributed_without_secagg=True``: fedsim has no secure aggregation.
+    sampling : as a keyword, also a :class:`fedsim.round.Sampler` object (with its state).
+    noise : a :class:`fedsim.round.NoiseSource` object (with its state) instead of the settings' ``mechanism``
+        name; its declarations are checked by the same rules. It provides every noise vector the strategy
+        releases and says what the ledger records for each round (:meth:`~fedsim.round.NoiseSource.dp_release`).
     server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
-    delta, accountant, max_epsilon : the certified epsilon is computed at ``delta`` with ``accountant``
-        (``"pld"`` or ``"rdp"``); a round whose release would exceed ``max_epsilon`` is not run.
-    noise : a registered noise mechanism's name (:data:`fedsim.round.NOISE_SOURCES`, default ``"independent"``:
-        independent Gaussian noise every round) or a :class:`fedsim.round.NoiseSource` object; it provides every
-        noise vector the strategy releases.
     seed : seeds the sampling and noise generators (simulation). ``None`` (the default): every random
         quantity that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn
         from the operating system's entropy; deployments must use that.
@@ -174,81 +126,69 @@ class DPFedAvg(Strategy):
     distributed_without_secagg : accept ``noise_placement="distributed"`` in :meth:`start` although fedsim has no
         secure aggregation (:func:`check_distributed_noise`); the certified epsilon then holds against parties who
         see the released model, not against this server.
+    rounds : the run's planned rounds (a correlated mechanism optimises its noise for them; None: not known).
     """
 
     def __init__(
         self,
+        privacy: PrivacySettings | None = None,
         *,
-        sampling: str | Sampler = "poisson",
-        sampling_rate: float | None = None,
-        clients_per_round: int | None = None,
-        clip: float = 1.0,
-        noise_multiplier: float = 1.0,
-        noise_placement: str = "central",
-        adaptive_clipping: AdaptiveClipping | None = None,
         server_optimizer: ServerOptimizer | None = None,
-        delta: float = 1e-5,
-        accountant: str = "pld",
-        max_epsilon: float | None = None,
         seed: int | None = None,
         population: int | None = None,
         fraction_evaluate: float = 0.0,
         diagnostics: bool = False,
         ledger: Ledger | None = None,
         distributed_without_secagg: bool = False,
-        noise: str | NoiseSource = "independent",
-        min_separation: int | None = None,
-        max_participations: int | None = None,
         rounds: int | None = None,
+        sampling: str | Sampler = "poisson",
+        noise: str | NoiseSource | None = None,
+        **settings: Any,
     ) -> None:
-        # the same rules, and the same messages, as the scenario schema and fedsim.privacy.Mechanism
+        # the privacy settings: one validated object (fedsim.privacy.settings), given whole or from keywords; a sampler
+        # or noise mechanism given as an object (with state, or not registered) is checked by the same rules
+        sampler_obj = sampling if isinstance(sampling, Sampler) else None
+        noise_obj = noise if isinstance(noise, NoiseSource) else None
+        if privacy is None:
+            settings["sampling"] = sampling.name if sampler_obj is not None else sampling
+            if noise is not None:
+                name = noise.name if noise_obj is not None else noise
+                settings["mechanism"] = name if name in NOISE_SOURCES else "independent"
+            privacy = PrivacySettings(**settings)
+        elif settings or sampling != "poisson" or (noise is not None and noise_obj is None):
+            given = (
+                sorted(settings)
+                + (["sampling"] if sampling != "poisson" else [])
+                + (["noise"] if noise else [])
+            )
+            raise PrivacyInputError(
+                "privacy",
+                given,
+                "give the privacy settings either as one PrivacySettings or as keywords, not both",
+            )
+        self.privacy: PrivacySettings = privacy
         # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
-        self.sampler: Sampler = make_sampler(sampling, seed)
-        self.noise: NoiseSource = make_noise_source(noise, seed)
+        self.sampler: Sampler = make_sampler(sampler_obj or privacy.sampling, seed)
+        self.noise: NoiseSource = (
+            make_noise_source(noise_obj, seed) if noise_obj else privacy.noise_source(seed)
+        )
         if randomness_kind(self.sampler.seed) != randomness_kind(self.noise.seed):
             raise ValueError(
                 f"the sampler's randomness is {randomness_kind(self.sampler.seed)} but the noise source's is "
                 f"{randomness_kind(self.noise.seed)}: both seeded (simulation) or both from the operating system"
             )
-        one_of("noise_placement", noise_placement, NOISE_PLACEMENTS)
-        # noise_multiplier = 0: the non-private baseline (clipped, un-noised); clip = 0: plain FedAvg (needs z = 0)
-        clip, noise_multiplier = noise_and_clip(clip, noise_multiplier)
-        baseline_combinations(
-            clip,
-            noise_multiplier,
-            max_epsilon=max_epsilon,
-            noise_placement=noise_placement,
-            adaptive=adaptive_clipping is not None,
-        )
-        if adaptive_clipping is not None and noise_multiplier > 0:  # the model and the count on one cohort
-            composed_noise_multiplier(
-                {
-                    "noise_multiplier": noise_multiplier,
-                    "count_noise_multiplier": adaptive_clipping.count_noise_multiplier,
-                }
-            )
-        sampling_rate, clients_per_round = self.sampler.check_cohort(sampling_rate, clients_per_round)
-        self.min_separation, self.max_participations = self.sampler.check_schedule(
-            min_separation, max_participations
-        )
+        if noise_obj is not None or sampler_obj is not None:  # the objects' own declarations decide
+            check_combination(privacy, self.sampler, self.noise)
+        self.min_separation, self.max_participations = privacy.min_separation, privacy.max_participations
         #: whether rounds are accounted over a schedule (a participation schedule, correlated noise, or both)
         self.scheduled = bool(self.sampler.scheduled or self.noise.correlated)
-        check_schedule_combination(
-            self.sampler,
-            self.noise,
-            noise_placement=noise_placement,
-            adaptive=adaptive_clipping is not None,
-        )
         if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
             raise PrivacyInputError("rounds", rounds, "must be an integer >= 1 (the run's rounds) or None")
         self.rounds = rounds
         if self.scheduled:  # a correlated mechanism fixes its strategy matrix for the schedule
             self.noise.prepare(rounds, *self.schedule_bounds())
         self._accounting: ScheduleAccounting | None = None
-        delta = open_unit("delta", delta)
-        one_of("accountant", accountant, tuple(sorted(CERTIFIED)))
-        if max_epsilon is not None:
-            max_epsilon = positive_finite("max_epsilon", max_epsilon)
+        one_of("accountant", privacy.accountant, tuple(sorted(CERTIFIED)))
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise PrivacyInputError("fraction_evaluate", fraction_evaluate, "must be in [0, 1]")
         if fraction_evaluate > 0 and not diagnostics:
@@ -259,16 +199,16 @@ class DPFedAvg(Strategy):
                 "epsilon does not cover; pass diagnostics=True to accept that, or keep fraction_evaluate=0",
             )
         self.sampling = self.sampler.name
-        self.sampling_rate = sampling_rate
-        self.clients_per_round = clients_per_round
-        self.clip = float(clip)
-        self.noise_multiplier = float(noise_multiplier)
-        self.noise_placement = noise_placement
-        self.adaptive_clipping = adaptive_clipping
+        self.sampling_rate = privacy.sampling_rate
+        self.clients_per_round = privacy.clients_per_round
+        self.clip = privacy.clip  # moves with adaptive clipping
+        self.noise_multiplier = privacy.noise_multiplier
+        self.noise_placement = privacy.noise_placement
+        self.adaptive_clipping = privacy.adaptive_clipping
         self.server_optimizer = server_optimizer or ServerOptimizer("sgd", lr=1.0)
-        self.delta = delta
-        self.accountant = accountant
-        self.max_epsilon = max_epsilon
+        self.delta = privacy.delta
+        self.accountant = privacy.accountant
+        self.max_epsilon = privacy.max_epsilon
         self.population = population
         self.fraction_evaluate = fraction_evaluate
         self.diagnostics = bool(diagnostics)
@@ -290,36 +230,13 @@ class DPFedAvg(Strategy):
 
     # ------------------------------------------------------------------ the mechanism
     def mechanism(self, population: int, clip: float | None = None) -> Mechanism:
-        """The round's mechanism over ``population`` clients (``clip``: the clip applied this round), validated once
-        per population and clip."""
-        settings = (
-            self.sampling,
-            self.sampling_rate,
-            self.clients_per_round,
-            self.noise_multiplier,
-            self.noise_placement,
-            self.min_separation,
-            self.max_participations,
-            self.population,
-        )
-        key = (int(population), float(self.clip if clip is None else clip), *settings)
+        """The round's mechanism over ``population`` clients (``clip``: the clip applied this round), from the privacy
+        settings (:meth:`PrivacySettings.mechanism_at`), validated once per population and clip."""
+        key = (int(population), float(self.clip if clip is None else clip))
         if key not in self._mechanisms:  # one entry: the clip moves with adaptive clipping
-            self._mechanisms = {key: self._new_mechanism(key[0], key[1])}
+            m = self.privacy.mechanism_at(key[0], clip=key[1], public_population=self.population)
+            self._mechanisms = {key: m.replace(noise_kind=self.noise.noise_kind)}
         return self._mechanisms[key]
-
-    def _new_mechanism(self, population: int, clip: float) -> Mechanism:
-        return Mechanism(
-            population=population,
-            sampling=self.sampling,
-            sampling_rate=self.sampling_rate,
-            clients_per_round=self.clients_per_round,
-            clip=clip,
-            noise_multiplier=self.noise_multiplier,
-            noise_placement=self.noise_placement,
-            min_separation=self.min_separation,
-            max_participations=self.max_participations,
-            public_population=self.population,
-        )
 
     @property
     def relation(self) -> str:
@@ -360,12 +277,11 @@ class DPFedAvg(Strategy):
         return self._accounting
 
     def accounted_releases(self, server_round: int, releases: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """What the ledger records for round ``server_round`` (this run's count, from 1): the round's releases, or,
-        for a scheduled run, the schedule's release (:class:`fedsim.privacy.ScheduledGaussian`)."""
-        accounting = self.accounting
-        if accounting is None:
-            return releases
-        return [(name, accounting.release(int(server_round), m)) for name, m in releases]
+        """What the ledger records for round ``server_round`` (this run's count, from 1): what the noise mechanism
+        says each release is (:meth:`fedsim.round.NoiseSource.dp_release`: the round itself for independent
+        Gaussian noise, the schedule's :class:`fedsim.privacy.ScheduledGaussian` for a scheduled run, or the
+        mechanism's own release kind)."""
+        return [(name, self.noise.dp_release(int(server_round), m, self.accounting)) for name, m in releases]
 
     @property
     def seed(self) -> int | None:
@@ -431,7 +347,7 @@ class DPFedAvg(Strategy):
         cohort = self.sampler.sample(server_round, ids, model)
         # distributed noise: the clients draw their shares (split over the expected cohort, which is public, never the
         # realised one) from the source's client side; with central noise nothing of the source leaves the server
-        shares = self.noise.for_clients() if self.noise_placement == "distributed" else None
+        shares = self.noise.for_clients() if model.placement.clients_add_noise else None
         return RoundPlan(server_round, cohort, model, releases, noise=shares)
 
     def finish_round(
@@ -496,15 +412,12 @@ class DPFedAvg(Strategy):
         count = plan.release(CLIP_COUNT)
         if self.adaptive_clipping is not None and count is not None:
             ac = self.adaptive_clipping
-            expected = count.expected_cohort
-            if count.noise_placement == "distributed":
-                # the clients' noised bits, plus the shares missing below the expected cohort
-                missing = max(expected - partial.count_shares, 0.0)
-                std = count.noise_std * math.sqrt(missing / expected)
-                noisy = partial.unclipped_noised + self.noise.noise(plan.round, "count", None, std)
-            else:
-                noisy = partial.unclipped + self.noise.noise(plan.round, "count", None, count.noise_std)
-            frac = noisy / expected
+            # the clients' noised bits and the server's part (the shares missing below the expected cohort), or the
+            # exact count and all of the noise
+            shares = count.placement.present_shares(partial.count_shares)
+            bits = partial.unclipped_noised if count.placement.clients_add_noise else partial.unclipped
+            added, _ = self.noise.server_noise(plan.round, None, count, shares, purpose="count")
+            frac = (bits + added) / count.expected_cohort
             self.clip = float(plan.clip * math.exp(-ac.learning_rate * (frac - ac.target_quantile)))
             metrics["unclipped_fraction_noised"] = float(frac)
             metrics["next_clip"] = self.clip
@@ -544,7 +457,7 @@ class DPFedAvg(Strategy):
         """Flower's :meth:`Strategy.start`, after refusing distributed noise without secure aggregation (unless
         ``distributed_without_secagg=True``): the same rule as fedsim's own ServerApp."""
         check_distributed_noise(
-            self.noise_placement, self.distributed_without_secagg, "DPFedAvg(distributed_without_secagg=True)"
+            self.privacy, self.distributed_without_secagg, "DPFedAvg(distributed_without_secagg=True)"
         )
         return super().start(grid, initial_arrays, *args, **kwargs)
 
@@ -634,7 +547,7 @@ class DPFedAvg(Strategy):
         if not plan.sampled(client):
             partial.reject(reason="not_sampled")
             return
-        if self.noise_placement == "distributed":
+        if plan.mechanism.placement.clients_add_noise:
             bit = 0.0
             if plan.count_share_std > 0:  # the client's unclipped bit, noised by the client itself
                 bit = bounded_value(metrics.get(protocol.MET_UNCLIPPED_NOISED, math.nan), -math.inf, math.inf)

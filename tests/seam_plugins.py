@@ -35,6 +35,10 @@ class RecordingNoise(NoiseSource):
     keeps the last model-noise vector as state (as a correlated mechanism keeps its past draws)."""
 
     name: ClassVar[str] = "toy-recording"
+    # it draws its own noise (it overrides noise), so it must say what it releases: the same Gaussian draws and
+    # the same per-round event as fedsim's independent noise (a class that did not say would be refused)
+    noise_kind: ClassVar[str] = "gaussian"
+    dp_release = NoiseSource.dp_release
     served: list[tuple[int, str, Any, float]] = field(default_factory=list)
     last_model_draw: np.ndarray | None = None
 

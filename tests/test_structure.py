@@ -32,7 +32,9 @@ def _unit(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def _imports(name: str, path: Path) -> set[str]:
+def _imports(name: str, path: Path, *, names: bool = False) -> set[str]:
+    """The fedsim modules and packages ``name`` imports; with ``names``, also ``pkg.name`` for every
+    ``from pkg import name`` (which is a module where ``name`` is one: :func:`_module_graph` keeps those)."""
     tree = ast.parse(path.read_text())
     is_pkg = path.name == "__init__.py"
     parts = name.split(".") if is_pkg else name.split(".")[:-1]
@@ -45,6 +47,8 @@ def _imports(name: str, path: Path) -> set[str]:
             if node.level:
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out.add(base)
+            if names:
+                out.update(f"{base}.{a.name}" for a in node.names)
     return {m for m in out if m == "fedsim" or m.startswith("fedsim.")}
 
 
@@ -104,6 +108,98 @@ def test_the_layers_point_down():
     assert "fedsim.strategies" not in graph.get("fedsim.flower", set())
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Each module -> the modules it imports, by any import statement (inside functions too: a lazy import hides a
+    circle from the interpreter until the function runs, not from the design). An import is an edge to the module
+    it names, ``from pkg import name`` to ``pkg.name`` where that is a module, else to the longest enclosing one.
+    A package's ``__init__`` is a facade that re-exports its modules: importing through it is no edge (as in
+    ``shared/tools/import_cycles.py``), or every module that reads a name from its own package would close a
+    circle with the facade that imports it."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        targets = graph.setdefault(name, set())
+        for imported in _imports(name, path, names=True):
+            while imported not in mods and "." in imported:
+                imported = imported.rpartition(".")[0]
+            if imported in mods and imported != name and mods[imported].name != "__init__.py":
+                targets.add(imported)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per back edge of a depth-first walk (``a -> b -> a``), each found once; none: the graph is a
+    DAG."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    found: dict[frozenset[str], list[str]] = {}
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circle = [*path[path.index(nxt) :], nxt]
+                found.setdefault(frozenset(circle), circle)
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return list(found.values())
+
+
+def test_modules_import_each_other_in_no_circle():
+    """No two modules of fedsim, fedsim.strategies or fedsim.scenarios import each other, directly or through
+    others: a piece that two modules share lives below both (a label in fedsim.labels, the interface a dataset
+    implements in fedsim.data.population, the rule registry in fedsim.training.layer_registry)."""
+    graph = _module_graph()
+    # the graph sees what the interpreter sees late: an import inside a function (rundir draws the plots), and a
+    # module imported by name from its package
+    assert "fedsim.report.plots" in graph["fedsim.report.rundir"]
+    assert "fedsim.data.synthetic" in graph["fedsim.data.federated"]
+    circles = _cycles(graph)
+    assert not circles, "import circles between modules:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_a_cycle_is_found_and_named():
+    """The walk the test above relies on names a circle through three modules and one between two, each once."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert sorted(_cycles(graph)) == [["a", "b", "c", "a"], ["e", "f", "e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: what runs in a deployment without the report package (matplotlib, the run directory, trackers): the
+#: strategies (on the ServerApp, and in any program that uses them as a library), the deployed ClientApp and the
+#: scenario schema (validating a scenario must not import what reports a run)
+_BELOW_THE_REPORT = ("fedsim.strategies", "fedsim.apps.client_app", "fedsim.scenarios.schema")
+
+
+def test_strategies_client_app_and_schema_do_not_import_the_report():
+    modules = {
+        name: path
+        for name, path in _modules().items()
+        if any(name == low or name.startswith(low + ".") for low in _BELOW_THE_REPORT)
+    }
+    assert set(_BELOW_THE_REPORT) <= set(modules), sorted(modules)  # each still exists where this test looks
+    wrong = {
+        name: sorted(
+            m
+            for m in _imports(name, path, names=True)
+            if m == "fedsim.report" or m.startswith("fedsim.report.")
+        )
+        for name, path in modules.items()
+    }
+    wrong = {name: found for name, found in wrong.items() if found}
+    assert not wrong, (
+        "these import the report package; the labels are in fedsim.labels, client_means in "
+        f"fedsim.training.evaluation, check_tracking_uri in fedsim.tracking_uri: {wrong}"
+    )
+
+
 def _choices(model, field: str | None) -> tuple:
     annotation = model if field is None else model.model_fields[field].annotation
     args = typing.get_args(annotation)
@@ -154,7 +250,13 @@ def test_schema_choices_are_the_registries():
                 }.get(name, {"clients_per_round": 1})
             if field == "mechanism" and NOISE_SOURCES[name].correlated:  # needs a participation schedule
                 extra = {"sampling": "cyclic", "min_separation": 2}
-            assert getattr(section(**{field: name}, **extra), field) == name
+            if (
+                field == "mechanism" and NOISE_SOURCES[name].accountants
+            ):  # one it declares it can be accounted by
+                extra = {**extra, "accountant": NOISE_SOURCES[name].accountants[0]}
+            value = section(**{field: name}, **extra)
+            got = value.mechanism_name if field == "mechanism" else getattr(value, field)
+            assert got == name
         with pytest.raises(ValueError, match=", ".join(names)):
             section(**{field: "nope"}, **(cohort if field == "mechanism" else extra))
 

@@ -49,7 +49,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedsim.experiment import build_strategy, public_population
+from fedsim.experiment import build_strategy, privacy_settings, public_population
 from fedsim.flower.grid import KEY_CLIENT_ID, KEY_PARTITION_ID
 from fedsim.flower.protocol import (
     CFG_CLIP,
@@ -60,8 +60,9 @@ from fedsim.flower.protocol import (
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
 )
-from fedsim.report.rows import client_means
-from fedsim.round import NoiseSource, flatten
+from fedsim.round import NoiseSource, flatten, placement
+from fedsim.round.noise import gaussian_share
+from fedsim.training.evaluation import client_means
 from fedsim.training.trainer import ClientPlan
 
 from .run_config import load_for_run, model_arrays
@@ -84,14 +85,17 @@ class NoiseRefused(ValueError):
 class NoisePolicy:
     """What a node requires before any update leaves it.
 
-    ``distributed``: the node clips and noises its own update; ``noise_multiplier``, ``clip`` (the largest clip it
-    accepts; ``inf``: any) and ``shares`` (the largest number of shares the noise may be split into) give its
-    floor on the share, ``noise_multiplier * clip / sqrt(shares)`` for the clip the message asks for;
+    ``distributed``: the node clips and noises its own update, with the scenario's noise mechanism (``noise``,
+    whose draw and share rule it uses: :meth:`fedsim.round.NoiseSource.share_scale`); ``noise_multiplier``,
+    ``clip`` (the largest clip it accepts; ``inf``: any) and ``shares`` (the largest number of shares the noise may
+    be split into) give its floor on the share, the mechanism's share of noise ``noise_multiplier * clip`` split in
+    ``shares`` (Gaussian noise: ``noise_multiplier * clip / sqrt(shares)``) for the clip the message asks for;
     ``count_noise_multiplier``: the same for the unclipped bit of adaptive clipping; ``source``: where the policy
     came from (``node config`` or ``run config``), for the messages.
     """
 
     distributed: bool
+    noise: NoiseSource | None = None
     noise_multiplier: float = 0.0
     clip: float = math.inf
     shares: float = 1.0
@@ -100,12 +104,16 @@ class NoisePolicy:
     source: str = "run config"
 
     @classmethod
-    def for_node(cls, scenario: Any, data: Any, node_config: dict[str, Any]) -> NoisePolicy:
+    def for_node(
+        cls, scenario: Any, data: Any, node_config: dict[str, Any], noise_seed: int | None = None
+    ) -> NoisePolicy:
         """The node config's keys where set, else the run config's scenario (the expected cohort and the count
-        noise by the strategy's own rules). A node that does not trust the run config sets all of them."""
+        noise by the strategy's own rules). A node that does not trust the run config sets all of them.
+        ``noise_seed``: the node's own (its code's, never a message's; None: the operating system's entropy)."""
         p = scenario.privacy
         node = {k: v for k, v in node_config.items() if k in _NODE_KEYS}
-        distributed = NODE_NOISE_MULTIPLIER in node or p.noise_placement == "distributed"
+        settings = privacy_settings(scenario)
+        distributed = NODE_NOISE_MULTIPLIER in node or placement(settings.noise_placement).clients_add_noise
         if not distributed:
             return cls(False, allow_evaluate=True, source="run config")
         population = public_population(scenario, data)  # the server's: the same denominator and shares
@@ -114,6 +122,7 @@ class NoisePolicy:
         count_z = strategy._count_noise_multiplier(model) if p.adaptive_clip else 0.0
         return cls(
             distributed=True,
+            noise=settings.noise_source(noise_seed).for_clients(),
             noise_multiplier=_positive(node, NODE_NOISE_MULTIPLIER, p.noise_multiplier),
             clip=_positive(node, NODE_CLIP, math.inf if p.adaptive_clip else p.clip),
             shares=_positive(node, NODE_SHARES, model.expected_cohort),
@@ -124,8 +133,9 @@ class NoisePolicy:
         )
 
     def floor(self, clip: float) -> float:
-        """The smallest share std this node adds for ``clip``."""
-        return self.noise_multiplier * clip / math.sqrt(self.shares)
+        """The smallest share this node adds for ``clip``, by its noise mechanism's share rule."""
+        assert self.noise is not None
+        return self.noise.share_scale(self.noise_multiplier * clip, self.shares)
 
     def check(self, config: Any) -> tuple[float, float, float]:
         """``(clip, share std, count share std)`` to train with, from a train message's ``config``; raises
@@ -149,7 +159,7 @@ class NoisePolicy:
                 f"floor {need:.4g} (noise multiplier {self.noise_multiplier:g} over at most {self.shares:g} shares)"
             )
         count = max(_number(config.get(CFG_COUNT_NOISE_STD, 0.0)) or 0.0, 0.0)  # 0: no bit is sent
-        count_need = self.count_noise_multiplier / math.sqrt(self.shares)
+        count_need = gaussian_share(self.count_noise_multiplier, self.shares)  # a Gaussian release of its own
         if 0 < count < count_need * (1 - _SLACK):
             raise NoiseRefused(
                 f"{why}; the message asks for a noise share of std {count:.4g} on the unclipped bit, below this "
@@ -207,7 +217,6 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
     node's code, never of a message, so a server cannot make clients draw noise it could regenerate.
     """
     defaults = dict(run_config_defaults or {})
-    shares = NoiseSource(noise_seed)  # the node's own: never from a message
     app = ClientApp()
 
     def _config(context: Context) -> dict:
@@ -215,7 +224,8 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
 
     def _policy(context: Context) -> tuple[Any, Any, NoisePolicy]:
         scenario, data, trainer = load_for_run(_config(context))
-        return data, trainer, NoisePolicy.for_node(scenario, data, dict(context.node_config))
+        # the noise shares come from the scenario's mechanism, seeded by the node's own code (never a message)
+        return data, trainer, NoisePolicy.for_node(scenario, data, dict(context.node_config), noise_seed)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -230,7 +240,7 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             # distributed noise: the trainer clips and adds this client's share before the update leaves it, at
             # least as much as this node's own floor (a message asking for less is refused: an error reply)
             clip, share_std, count_share = policy.check(config)
-            plan = ClientPlan(server_round, [cid], clip, share_std, count_share, noise=shares)
+            plan = ClientPlan(server_round, [cid], clip, share_std, count_share, noise=policy.noise)
             partial, metrics = trainer.train(plan, flat)
             if partial.rejected:  # an error reply: the server counts it and tops up this client's noise share
                 why = metrics[0].get("error", "a non-finite update") if metrics else "no update"

@@ -35,12 +35,14 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedsim.experiment import Experiment, build_experiment
+from fedsim.experiment import Experiment, build_experiment, privacy_settings
 from fedsim.flower.grid import ClientIdGrid
 from fedsim.flower.grid_engine import GridEngine
+from fedsim.labels import NON_PRIVATE
 from fedsim.loop import RunResult, run_rounds
+from fedsim.privacy.settings import PrivacySettings
 from fedsim.report.rows import PUBLIC_STOPS
-from fedsim.report.rundir import NON_PRIVATE, RunWriter, new_run_dir
+from fedsim.report.rundir import RunWriter, new_run_dir
 from fedsim.scenarios import scenario_to_toml
 from fedsim.strategies.dpfedavg import check_distributed_noise
 
@@ -53,12 +55,10 @@ app = ServerApp()
 DISTRIBUTED_OPT_IN = "distributed-without-secagg"
 
 
-def check_noise_placement(scenario: Any, opted_in: bool) -> None:
-    """Refuse ``noise_placement = "distributed"`` in deployment unless the run config opts in
-    (:func:`fedsim.strategies.dpfedavg.check_distributed_noise`: the same rule as ``DPFedAvg.start``)."""
-    check_distributed_noise(
-        scenario.privacy.noise_placement, opted_in, f"the run config {DISTRIBUTED_OPT_IN} = true"
-    )
+def check_noise_placement(settings: PrivacySettings, opted_in: bool) -> None:
+    """Refuse what cannot run on real Flower nodes (:func:`fedsim.privacy.settings.deployment_refusal`: canary
+    clients; distributed noise unless the run config opts in), the same rule as ``DPFedAvg.start``."""
+    check_distributed_noise(settings, opted_in, f"the run config {DISTRIBUTED_OPT_IN} = true")
 
 
 def _flag(run_config: dict[str, Any], key: str, default: bool) -> bool:
@@ -106,12 +106,7 @@ def run_on_grid(
 def main(grid: Grid, context: Context) -> None:
     cfg = dict(context.run_config)
     scenario, data, trainer = load_for_run(cfg)
-    if scenario.privacy.canaries:
-        raise ValueError(
-            f"privacy.canaries={scenario.privacy.canaries}: canary clients exist only in simulation (fedsim run, "
-            "fedsim sweep); a deployed ServerApp does not insert fabricated clients into a real population. "
-            "Set privacy.canaries = 0 in the run config's scenario"
-        )
+    check_noise_placement(privacy_settings(scenario), _flag(cfg, DISTRIBUTED_OPT_IN, False))
     if scenario.privacy.randomness != "os-entropy":
         log(
             INFO,
@@ -137,7 +132,6 @@ def main(grid: Grid, context: Context) -> None:
             "training-client metrics will be logged and written; epsilon does NOT cover them",
         )
 
-    check_noise_placement(scenario, _flag(cfg, DISTRIBUTED_OPT_IN, False))
     writer = RunWriter(new_run_dir(scenario.name, str(cfg.get("run-dir", "") or "") or None))
     writer.begin(scenario_to_toml(scenario))
     if diagnostics:  # exact examples per client and label statistics: not covered by epsilon

@@ -9,11 +9,11 @@ from fedsim.data.federated import (
     DATASET_OPTIONS,
     DATASETS,
     ArrayFederatedData,
-    FederatedData,
     SyntheticFederatedData,
     build_federated_data,
 )
 from fedsim.data.partition import PARTITIONER_OPTIONS, PARTITIONERS
+from fedsim.data.population import FederatedData
 
 __all__ = [
     "DATASETS",

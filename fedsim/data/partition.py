@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -88,101 +89,16 @@ def partition_rows(
     does not take, a bad value, or a configuration flwr-datasets cannot satisfy.
     """
     check_choice("partitioner", partitioner, PARTITIONERS)
-    allowed = PARTITIONER_OPTIONS[partitioner]
-    for name in options:
-        if name not in allowed:
-            raise invalid(
-                name,
-                options[name],
-                f"no value: partitioner={partitioner!r} takes "
-                + (", ".join(allowed) if allowed else "no options"),
-            )
+    _check_option_names(partitioner, options)
+    labels = _partition_labels(labels, partitioner)
     num_rows = int(labels.shape[0])
-    if labels.ndim > 1:  # sequence targets: no one label per example to partition by
-        if partitioner != "iid":
-            raise invalid(
-                "partitioner",
-                partitioner,
-                f"'iid', or clients given by the data function: the targets have shape {list(labels.shape)} "
-                "(a sequence task), so there is no one label per example to partition by",
-            )
-        labels = np.zeros(num_rows, dtype=np.int64)
     if num_clients > num_rows:
         raise invalid("num_clients", num_clients, f"at most the number of examples ({num_rows})")
 
-    settings: dict[str, Any] = {"partitioner": partitioner}
-    from flwr_datasets import partitioner as fp  # heavy import (datasets, pyarrow): only when used
-
-    if partitioner == "iid":
-        part = fp.IidPartitioner(num_partitions=num_clients)
-    elif partitioner == "dirichlet":
-        alpha = check_float("alpha", alpha, low=0.0, low_open=True)
-        auto_mps = options.get("min_partition_size") is None
-        mps = default_min_partition_size(num_rows, num_clients) if auto_mps else options["min_partition_size"]
-        mps = check_int("min_partition_size", mps, minimum=0, maximum=num_rows // num_clients)
-        balancing = check_bool("self_balancing", options.get("self_balancing", False))
-        settings.update(alpha=alpha, min_partition_size=mps, self_balancing=balancing)
-
-        def dirichlet(min_size: int) -> Any:
-            return fp.DirichletPartitioner(
-                num_partitions=num_clients,
-                partition_by="label",
-                alpha=alpha,
-                min_partition_size=min_size,
-                self_balancing=balancing,
-                shuffle=True,
-                seed=seed,
-            )
-
-        part = dirichlet(mps)
-    elif partitioner == "pathological":
-        num_labels = int(np.unique(labels).size)
-        k = check_int(
-            "num_classes_per_partition",
-            options.get("num_classes_per_partition", 2),
-            minimum=1,
-            maximum=num_labels,
-        )
-        mode = check_choice(
-            "class_assignment_mode",
-            options.get("class_assignment_mode", "first-deterministic"),
-            CLASS_ASSIGNMENT_MODES,
-        )
-        settings.update(num_classes_per_partition=k, class_assignment_mode=mode)
-        part = fp.PathologicalPartitioner(
-            num_partitions=num_clients,
-            partition_by="label",
-            num_classes_per_partition=k,
-            class_assignment_mode=mode,
-            shuffle=True,
-            seed=seed,
-        )
-    else:  # shard
-        shard_size = options.get("shard_size")
-        per = options.get("num_shards_per_partition")
-        if shard_size is None and per is None:
-            per = 2
-        if per is not None:
-            per = check_int("num_shards_per_partition", per, minimum=1)
-        if shard_size is not None:
-            shard_size = check_int("shard_size", shard_size, minimum=1)
-        keep = check_bool("keep_incomplete_shard", options.get("keep_incomplete_shard", False))
-        if per is not None and per * num_clients > num_rows:
-            raise invalid(
-                "num_shards_per_partition",
-                per,
-                f"at most num_rows/num_clients = {num_rows // num_clients} (one example per shard)",
-            )
-        settings.update(num_shards_per_partition=per, shard_size=shard_size, keep_incomplete_shard=keep)
-        part = fp.ShardPartitioner(
-            num_partitions=num_clients,
-            partition_by="label",
-            num_shards_per_partition=per,
-            shard_size=shard_size,
-            keep_incomplete_shard=keep,
-            shuffle=True,
-            seed=seed,
-        )
+    part, resolved, fallback = _make_partitioner(
+        partitioner, labels, num_clients, seed=seed, alpha=alpha, options=options
+    )
+    settings: dict[str, Any] = {"partitioner": partitioner, **resolved}
 
     from datasets import Dataset  # Hugging Face datasets: heavy, loaded when partitioning
 
@@ -192,12 +108,13 @@ def partition_rows(
         try:
             rows = _assign(part, table, num_clients)
         except ValueError:
-            if partitioner != "dirichlet" or not auto_mps or mps == 0:
+            if fallback is None:
                 raise
             # flwr re-draws 10 times, then gives up (small alpha, many clients). With the default
             # minimum, take one unconstrained draw and top up the small clients instead.
-            rows = _assign(dirichlet(0), table, num_clients)
-            rows, moved = _top_up(rows, mps, np.random.default_rng([seed, 0x70B]))
+            rows = _assign(fallback(), table, num_clients)
+            rng = np.random.default_rng([seed, 0x70B])
+            rows, moved = _top_up(rows, settings["min_partition_size"], rng)
             settings["topped_up_clients"] = moved
     except (ValueError, TypeError, AssertionError, IndexError) as err:
         raise ValueError(
@@ -213,6 +130,154 @@ def partition_rows(
             "use fewer clients or a less extreme setting"
         )
     return rows, settings
+
+
+def _check_option_names(partitioner: str, options: dict[str, Any]) -> None:
+    """Refuse an option ``partitioner`` does not take (:data:`PARTITIONER_OPTIONS`), naming those it does."""
+    allowed = PARTITIONER_OPTIONS[partitioner]
+    for name in options:
+        if name not in allowed:
+            raise invalid(
+                name,
+                options[name],
+                f"no value: partitioner={partitioner!r} takes "
+                + (", ".join(allowed) if allowed else "no options"),
+            )
+
+
+def _partition_labels(labels: np.ndarray, partitioner: str) -> np.ndarray:
+    """The labels to partition by: ``labels`` itself, or one dummy label per example for sequence targets
+    (several labels per example), which only ``iid`` can split."""
+    if labels.ndim <= 1:
+        return labels
+    if partitioner != "iid":
+        raise invalid(
+            "partitioner",
+            partitioner,
+            f"'iid', or clients given by the data function: the targets have shape {list(labels.shape)} "
+            "(a sequence task), so there is no one label per example to partition by",
+        )
+    return np.zeros(int(labels.shape[0]), dtype=np.int64)
+
+
+#: what the builders below return: the flwr-datasets partitioner, its settings as resolved (defaults filled
+#: in, values checked), and a partitioner to fall back to when the first cannot meet its constraints (or None)
+_Built = tuple[Any, dict[str, Any], Callable[[], Any] | None]
+
+
+def _make_partitioner(
+    partitioner: str,
+    labels: np.ndarray,
+    num_clients: int,
+    *,
+    seed: int,
+    alpha: float,
+    options: dict[str, Any],
+) -> _Built:
+    """The flwr-datasets partitioner ``partitioner`` names, built from the checked ``options``. Each builder
+    imports flwr-datasets when it runs: a heavy import (datasets, pyarrow), only made when partitioning."""
+    num_rows = int(labels.shape[0])
+    if partitioner == "iid":
+        from flwr_datasets.partitioner import IidPartitioner
+
+        return IidPartitioner(num_partitions=num_clients), {}, None
+    if partitioner == "dirichlet":
+        return _dirichlet(num_rows, num_clients, seed=seed, alpha=alpha, options=options)
+    if partitioner == "pathological":
+        return _pathological(labels, num_clients, seed=seed, options=options)
+    return _shard(num_rows, num_clients, seed=seed, options=options)
+
+
+def _dirichlet(
+    num_rows: int, num_clients: int, *, seed: int, alpha: float, options: dict[str, Any]
+) -> _Built:
+    """A Dirichlet(``alpha``) label split. With the default ``min_partition_size`` (not set by the user, and not
+    0) the fallback is the same split with no minimum, whose small clients the caller tops up."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    alpha = check_float("alpha", alpha, low=0.0, low_open=True)
+    auto_mps = options.get("min_partition_size") is None
+    mps = default_min_partition_size(num_rows, num_clients) if auto_mps else options["min_partition_size"]
+    mps = check_int("min_partition_size", mps, minimum=0, maximum=num_rows // num_clients)
+    balancing = check_bool("self_balancing", options.get("self_balancing", False))
+
+    def dirichlet(min_size: int) -> Any:
+        return DirichletPartitioner(
+            num_partitions=num_clients,
+            partition_by="label",
+            alpha=alpha,
+            min_partition_size=min_size,
+            self_balancing=balancing,
+            shuffle=True,
+            seed=seed,
+        )
+
+    settings = {"alpha": alpha, "min_partition_size": mps, "self_balancing": balancing}
+    return dirichlet(mps), settings, (lambda: dirichlet(0)) if auto_mps and mps != 0 else None
+
+
+def _pathological(labels: np.ndarray, num_clients: int, *, seed: int, options: dict[str, Any]) -> _Built:
+    """Each client holds ``num_classes_per_partition`` labels (2 by default), assigned by
+    ``class_assignment_mode``."""
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    num_labels = int(np.unique(labels).size)
+    k = check_int(
+        "num_classes_per_partition",
+        options.get("num_classes_per_partition", 2),
+        minimum=1,
+        maximum=num_labels,
+    )
+    mode = check_choice(
+        "class_assignment_mode",
+        options.get("class_assignment_mode", "first-deterministic"),
+        CLASS_ASSIGNMENT_MODES,
+    )
+    part = PathologicalPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        num_classes_per_partition=k,
+        class_assignment_mode=mode,
+        shuffle=True,
+        seed=seed,
+    )
+    return part, {"num_classes_per_partition": k, "class_assignment_mode": mode}, None
+
+
+def _shard(num_rows: int, num_clients: int, *, seed: int, options: dict[str, Any]) -> _Built:
+    """Rows sorted by label and cut into shards, ``num_shards_per_partition`` of them per client (2 when neither
+    it nor ``shard_size`` is given)."""
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    shard_size = options.get("shard_size")
+    per = options.get("num_shards_per_partition")
+    if shard_size is None and per is None:
+        per = 2
+    if per is not None:
+        per = check_int("num_shards_per_partition", per, minimum=1)
+    if shard_size is not None:
+        shard_size = check_int("shard_size", shard_size, minimum=1)
+    keep = check_bool("keep_incomplete_shard", options.get("keep_incomplete_shard", False))
+    if per is not None and per * num_clients > num_rows:
+        raise invalid(
+            "num_shards_per_partition",
+            per,
+            f"at most num_rows/num_clients = {num_rows // num_clients} (one example per shard)",
+        )
+    part = ShardPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        num_shards_per_partition=per,
+        shard_size=shard_size,
+        keep_incomplete_shard=keep,
+        shuffle=True,
+        seed=seed,
+    )
+    return (
+        part,
+        {"num_shards_per_partition": per, "shard_size": shard_size, "keep_incomplete_shard": keep},
+        None,
+    )
 
 
 def _assign(part: Any, table: Any, num_clients: int) -> list[np.ndarray]:

@@ -51,7 +51,7 @@ import numpy as np
 
 from fedsim.data._validate import check_choice, check_float, check_int, invalid
 from fedsim.data.cache import cached
-from fedsim.data.federated import FederatedData, _domain_sizes, _stats, label_maps
+from fedsim.data.population import FederatedData, label_maps, size_stats, split_domains
 
 LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 """LEAF's ``ALL_LETTERS``: character ``LEAF_LETTERS[i]`` has id ``i``."""
@@ -297,7 +297,7 @@ class ShakespeareFederatedData(FederatedData):
                 "vocabulary": LEAF_LETTERS,
                 "unknown_id": UNKNOWN_ID,
                 "num_examples": int(self._starts.size),
-                "examples_per_client": _stats(np.diff(self._offsets)),
+                "examples_per_client": size_stats(np.diff(self._offsets)),
                 "plays": len({p for p, _ in self.roles}),
                 "domain_label_swaps": self.domain_label_swaps if self.num_domains > 1 else None,
                 "domain_label_maps": self._label_maps.tolist() if self.domain_label_swaps else None,
@@ -334,7 +334,7 @@ def build_shakespeare(
         given.get("max_samples_per_client", DEFAULTS["max_samples_per_client"]),
         minimum=1,
     )
-    sizes, requested = _domain_sizes(num_clients, domains)
+    sizes, requested = split_domains(num_clients, domains)
     return ShakespeareFederatedData(
         load_corpus(),
         num_clients=num_clients,

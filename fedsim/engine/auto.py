@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy.mechanism import Mechanism
-from fedsim.round import sampler_class
+from fedsim.experiment import privacy_settings
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +62,10 @@ def usable_cpus() -> int:
 
 
 def expected_cohort(scenario: Any, population: int) -> float:
-    """Clients a round trains, expected: the sampling scheme's own ``expected_cohort`` (the public denominator the
-    strategy uses) for ``privacy``'s settings over ``population`` clients."""
-    p = scenario.privacy
-    model = Mechanism(
-        population=population,
-        sampling=p.sampling,
-        sampling_rate=p.sampling_rate,
-        clients_per_round=p.clients_per_round,
-        min_separation=p.min_separation,
-        max_participations=p.max_participations,
-    )
-    return float(sampler_class(p.sampling).expected_cohort(model))
+    """Clients a round trains, expected: the round's mechanism from the scenario's privacy settings
+    (:func:`fedsim.experiment.privacy_settings`), whose sampling scheme gives the public denominator the strategy
+    uses, over ``population`` clients."""
+    return float(privacy_settings(scenario).mechanism_at(population).expected_cohort)
 
 
 def estimated_round_s(scenario: Any, data: Any, num_params: int) -> float:

@@ -13,14 +13,17 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsim.experiment import build_experiment
+from fedsim.experiment import build_experiment, privacy_settings
 from fedsim.loop import Engine, RunResult, run_rounds
+from fedsim.privacy.settings import resume_refusal
 from fedsim.registry import ENGINES, engine_entry
 from fedsim.report.checkpoint import (
     CHECKPOINT,
+    Checkpoint,
     CheckpointError,
     read_checkpoint,
     retarget_checkpoint,
@@ -29,7 +32,6 @@ from fedsim.report.checkpoint import (
 from fedsim.report.rows import summary_stop
 from fedsim.report.rundir import RunWriter, TorchWarnings, check_out, model_shape, new_run_dir, read_rows
 from fedsim.report.trackers import check_trackers
-from fedsim.round import NOISE_SOURCES
 from fedsim.scenarios import Scenario, ScenarioError, load_scenario, scenario_to_toml
 from fedsim.training.trainer import TrainSettings, make_model
 
@@ -224,47 +226,42 @@ def resume_run(
     evaluation every run does at its end (with ``engine.eval_every > 1``). Two kinds of run are not extended
     (:class:`CheckpointError`, nothing changed): one calibrated to ``privacy.target_epsilon`` (its noise multiplier
     reaches the target after its own rounds: more would spend more), and one whose mechanism optimised its noise
-    for the planned rounds (``banded-mf``, ``blt``: :func:`extension_refusal`); tree aggregation extends.
+    for the planned rounds (``banded-mf``, ``blt``: :func:`fedsim.privacy.settings.resume_refusal`); tree
+    aggregation extends.
 
     A finished run with no more rounds asked for raises :class:`AlreadyFinished` and changes nothing.
     """
-    path = Path(run_dir)
-    config = path / "config.toml"
-    if not config.is_file():
-        raise CheckpointError(f"{path} is not a run directory (no config.toml)")
-    config_toml = config.read_text()
-    try:
-        scenario = load_scenario(str(config))
-    except ScenarioError as exc:
-        raise CheckpointError(f"{config} no longer loads: {exc}") from None
-    if engine_entry(scenario.engine.name).drives_loop:
-        raise CheckpointError(
-            f"--resume continues runs of engine.name {_in_loop_engines(' or ')}; "
-            f"this run used {scenario.engine.name!r}"
-        )
-    if scenario.privacy.canaries:
-        raise CheckpointError(
-            f"--resume of a run with privacy.canaries={scenario.privacy.canaries} is refused: its all-rounds canary "
-            "statistic is the largest score over every round, which the checkpoint does not keep; run it again "
-            "from the start (nothing was changed)"
-        )
-    if scenario.privacy.randomness != "seeded":
-        # the rounds after the checkpoint were released already, with noise that cannot be drawn again: running
-        # them again would release a second, independent noising of the same clients that the ledger, which
-        # counts each round once, would not account
-        raise CheckpointError(
-            f"--resume needs privacy.randomness = 'seeded'; this run drew its cohorts and noise from "
-            f"{scenario.privacy.randomness!r}, so the rounds after the checkpoint cannot be run again with the "
-            "same noise, and new noise would release more than the ledger accounts; nothing was changed"
-        )
+    point = _check_resume(Path(run_dir), rounds)
+    return _continue_run(point, on_row, engine)
+
+
+@dataclass
+class _ResumePoint:
+    """What :func:`resume_run` found, and checked, in a run directory before it changes anything: the run's
+    config (and the extended one), the checkpoint to continue from and the rows up to it."""
+
+    path: Path
+    config_toml: str
+    #: the scenario to run: the run's own, or with ``rounds = M`` when extended (its ``config.toml`` text beside it)
+    extended: Scenario
+    extended_toml: str
+    #: the rounds the run's ``config.toml`` planned
+    old: int
+    ckpt: Checkpoint
+    #: every row of a run that ran all its ``old`` rounds, else None
+    finished: list[dict[str, Any]] | None
+    #: the rows up to the checkpoint, which the continued run keeps
+    rows: list[dict[str, Any]]
+    #: ``metrics.jsonl`` holds more than ``rows`` (or a line cut short): it is rewritten before the run continues
+    rewrite: bool
+
+
+def _check_resume(path: Path, rounds: int | None) -> _ResumePoint:
+    """Every check :func:`resume_run` makes before anything changes, in order: the config, whether there is
+    anything to do, the checkpoint, the rows it says were written and the extended config. Raises
+    :class:`CheckpointError` (or :class:`AlreadyFinished`) with nothing changed."""
+    scenario, config_toml, target = _resumable_config(path, rounds)
     old = scenario.rounds
-    target = old if rounds is None else _rounds(rounds)
-    if target < old:
-        raise CheckpointError(
-            f"rounds={target}: this run has rounds = {old} in its config.toml; a run can be extended "
-            f"(rounds > {old}), never shortened; nothing was changed"
-        )
-    check_trackers(scenario)
     # a checkpoint that is there is checked first, finished run or not: a damaged one is an error either way
     ckpt = read_checkpoint(path, config_toml) if (path / CHECKPOINT).is_file() else None
     finished = finished_rows(path, old)
@@ -279,6 +276,54 @@ def resume_run(
         raise CheckpointError(
             f"{path / CHECKPOINT} is of round {ckpt.round}, after the run's last ({old}); nothing was changed"
         )
+    rows, rewrite = _rows_to_checkpoint(path, ckpt.round)
+    extended, extended_toml = scenario, config_toml
+    if target > old:
+        try:
+            extended = load_scenario(str(path / "config.toml"), [f"rounds={target}"])
+        except ScenarioError as exc:
+            raise CheckpointError(f"rounds={target}: {exc}") from None
+        extended_toml = scenario_to_toml(extended)
+    return _ResumePoint(path, config_toml, extended, extended_toml, old, ckpt, finished, rows, rewrite)
+
+
+def _resumable_config(path: Path, rounds: int | None) -> tuple[Scenario, str, int]:
+    """The run's scenario, its ``config.toml`` text and the rounds to run to, once the config allows continuing:
+    it loads, its engine is one the round loop drives, the privacy rules of continuing a run allow it, the run
+    is not shortened and its trackers can start."""
+    config = path / "config.toml"
+    if not config.is_file():
+        raise CheckpointError(f"{path} is not a run directory (no config.toml)")
+    config_toml = config.read_text()
+    try:
+        scenario = load_scenario(str(config))
+    except ScenarioError as exc:
+        raise CheckpointError(f"{config} no longer loads: {exc}") from None
+    if engine_entry(scenario.engine.name).drives_loop:
+        raise CheckpointError(
+            f"--resume continues runs of engine.name {_in_loop_engines(' or ')}; "
+            f"this run used {scenario.engine.name!r}"
+        )
+    old = scenario.rounds
+    target = old if rounds is None else _rounds(rounds)
+    # the privacy rules of continuing a run (fedsim.privacy.settings: canaries, OS entropy, a calibrated noise
+    # multiplier, a mechanism optimised for the planned rounds); the run directory's own checks follow
+    why = resume_refusal(privacy_settings(scenario), scenario.privacy.randomness, old, target)
+    if why:
+        raise CheckpointError(why)
+    if target < old:
+        raise CheckpointError(
+            f"rounds={target}: this run has rounds = {old} in its config.toml; a run can be extended "
+            f"(rounds > {old}), never shortened; nothing was changed"
+        )
+    check_trackers(scenario)
+    return scenario, config_toml, target
+
+
+def _rows_to_checkpoint(path: Path, ckpt_round: int) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of rounds ``1..ckpt_round`` from ``metrics.jsonl``, and whether the file must be rewritten (it
+    holds rows after the checkpoint, or a line the kill cut short). A file that does not hold those rounds in
+    order raises :class:`CheckpointError`."""
     metrics = path / "metrics.jsonl"
     clean = True
     try:
@@ -287,40 +332,30 @@ def resume_run(
         clean = False
         lines = metrics.read_text().splitlines()
         try:
-            rows = [json.loads(x) for x in lines[: ckpt.round]]
+            rows = [json.loads(x) for x in lines[:ckpt_round]]
         except ValueError:
-            raise CheckpointError(f"{metrics} is corrupt before round {ckpt.round} ({exc})") from None
-    if len(rows) < ckpt.round or [r.get("round") for r in rows[: ckpt.round]] != list(
-        range(1, ckpt.round + 1)
-    ):
+            raise CheckpointError(f"{metrics} is corrupt before round {ckpt_round} ({exc})") from None
+    in_order = [r.get("round") for r in rows[:ckpt_round]] == list(range(1, ckpt_round + 1))
+    if len(rows) < ckpt_round or not in_order:
         raise CheckpointError(
-            f"{metrics} holds {len(rows)} rows but the checkpoint is of round {ckpt.round}; nothing was changed"
+            f"{metrics} holds {len(rows)} rows but the checkpoint is of round {ckpt_round}; nothing was changed"
         )
-    rewrite = not clean or len(rows) != ckpt.round
-    rows = rows[: ckpt.round]
-    extended, extended_toml = scenario, config_toml
-    if target > old and scenario.privacy.target_epsilon is not None:
-        raise CheckpointError(
-            f"rounds={target}: this run's noise multiplier was calibrated to privacy.target_epsilon="
-            f"{scenario.privacy.target_epsilon} over {old} rounds; more rounds would spend more than that target. "
-            "Start a new run with rounds and target_epsilon set together; nothing was changed"
-        )
-    why = (
-        extension_refusal(scenario.privacy.mechanism or "independent", old, target) if target > old else None
-    )
-    if why:
-        raise CheckpointError(f"rounds={target}: {why}. Start a new run; nothing was changed")
-    if target > old:
-        try:
-            extended = load_scenario(str(config), [f"rounds={target}"])
-        except ScenarioError as exc:
-            raise CheckpointError(f"rounds={target}: {exc}") from None
-        extended_toml = scenario_to_toml(extended)
+    return rows[:ckpt_round], not clean or len(rows) != ckpt_round
+
+
+def _continue_run(
+    point: _ResumePoint,
+    on_row: Callable[[dict[str, Any]], None] | None,
+    engine: Engine | None,
+) -> RunResult:
+    """Run the rounds after the checkpoint :func:`_check_resume` found; from here on the run directory changes
+    (the extended config, the rows after the checkpoint dropped, the new rounds written)."""
+    path, old, ckpt, finished = point.path, point.old, point.ckpt, point.finished
     t0 = time.perf_counter()
     # what torch warns from here (the checks probe the training paths; the engine trains and evaluates) goes to
     # the run's run.log, with one line on the console saying how many
     with TorchWarnings(path):
-        exp = build_experiment(extended)
+        exp = build_experiment(point.extended)
         if ckpt.weights.shape != exp.initial_weights.shape:
             raise CheckpointError(
                 f"the checkpoint's model has {ckpt.weights.size} parameters, "
@@ -328,11 +363,12 @@ def resume_run(
             )
         # from here on the run directory changes: the config of an extended run, then the rows that will be
         # computed again are dropped
-        if extended_toml != config_toml:
+        if point.extended_toml != point.config_toml:
             # the checkpoint is valid for both configs until the next one is written
-            retarget_checkpoint(path, config_toml, extended_toml)
+            retarget_checkpoint(path, point.config_toml, point.extended_toml)
+            config = path / "config.toml"
             tmp = config.with_name(config.name + ".tmp")
-            tmp.write_text(extended_toml)
+            tmp.write_text(point.extended_toml)
             os.replace(tmp, config)
         emit = on_row
         # the old rounds run again are not news: not shown again
@@ -345,9 +381,9 @@ def resume_run(
         writer = RunWriter(path)
         writer.model_factory = model_factory(exp.settings, exp.data.input_shape, exp.data.num_classes)
         try:
-            if rewrite:
-                writer.replace_rows(rows)
-            result = _run_on_engine(exp, engine, writer, emit, t0, resume=ckpt, prior_rows=rows)
+            if point.rewrite:
+                writer.replace_rows(point.rows)
+            result = _run_on_engine(exp, engine, writer, emit, t0, resume=ckpt, prior_rows=point.rows)
         finally:
             writer.close()
     if finished is not None and ckpt.round < old and len(result.rows) >= old:
@@ -360,23 +396,8 @@ def resume_run(
         finally:
             writer.close()
         writer.write_plots()  # drawn from metrics.jsonl
-    final_checkpoint(writer, result, extended)
+    final_checkpoint(writer, result, point.extended)
     return result
-
-
-def extension_refusal(mechanism: str, old: int, target: int) -> str | None:
-    """Why a run of ``old`` rounds with noise ``mechanism`` cannot be extended to ``target`` rounds as the run of
-    ``target`` rounds from scratch, or None if it can: the mechanism's own ``fixed_for_rounds`` says what it fixed
-    for the planned rounds (independent noise and tree aggregation fix nothing)."""
-    source = NOISE_SOURCES.get(mechanism)
-    fixed = getattr(source, "fixed_for_rounds", None) if getattr(source, "correlated", False) else None
-    if fixed is None:
-        return None
-    return (
-        f"mechanism {mechanism!r} optimised {fixed} for the {old} rounds planned, and the checkpoint keeps them, so "
-        f"{target} rounds from here would add noise optimised for {old} rounds, not the run that rounds={target} "
-        f"gives from scratch (optimised for {target} rounds)"
-    )
 
 
 def _rounds(value: Any) -> int:

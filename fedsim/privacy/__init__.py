@@ -8,10 +8,12 @@ Public API::
     Ledger, DpRelease                              # released rounds (any release that knows its DP event)
     register_release_kind, RELEASE_KINDS           # a release kind a saved ledger loads back
     ScheduledGaussian, ScheduleAccounting          # a round under a participation schedule or correlated noise
+    PrivacySettings, AdaptiveClipping              # a run's privacy settings, validated once (and their rules)
     PrivacyInputError
 
 What analyses the papers (generalization from privacy, the audit of the paper bounds, calibration) is in
-:mod:`fedsim.privacy.paper`, which builds on this package; this package never imports it.
+:mod:`fedsim.privacy.paper`, which builds on this package; its core never imports it (``row_bounds.py``, which reads
+a run's rows against the papers, sits above both).
 """
 
 from .accountants import (
@@ -32,6 +34,7 @@ from .errors import PrivacyInputError
 from .ledger import RELEASE_KINDS, DpRelease, Ledger, register_release_kind
 from .mechanism import Mechanism, compose_same_cohort
 from .schedule import ScheduleAccounting, ScheduledGaussian
+from .settings import AdaptiveClipping, PrivacySettings
 
 register_release_kind(ScheduledGaussian)
 
@@ -42,11 +45,13 @@ __all__ = [
     "RELEASE_KINDS",
     "VALID_BOUNDS",
     "Accountant",
+    "AdaptiveClipping",
     "DpRelease",
     "EpsilonCurve",
     "Ledger",
     "Mechanism",
     "PrivacyInputError",
+    "PrivacySettings",
     "ScheduleAccounting",
     "ScheduledGaussian",
     "accountant_names",

@@ -24,6 +24,12 @@ An accountant is added from outside with :func:`register_accountant` (an :class:
 mechanism, and how it composes a ledger's rounds); :data:`CERTIFIED`, :data:`VALID_BOUNDS` and
 :data:`PAPER_BOUNDS` are live views of the registry by kind, and :func:`certified_methods` lists the certified
 ones (what a run may report as its epsilon).
+
+Code outside this module never compares accountant names (``tests/test_registry_names.py`` checks it): what a
+caller needs to know about an accountant is an attribute of its entry (:attr:`Accountant.falls_back_to`,
+:attr:`Accountant.dp_accountant`, :attr:`Accountant.cheap_per_round`, :attr:`Accountant.rank`), and the choices
+made across entries are functions here (:data:`DEFAULT_ACCOUNTANT`, :func:`counterpart`, :func:`tightest`), so a
+registered accountant is treated by what it declares, not by what it is called.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
     "CERTIFIED_KIND",
+    "DEFAULT_ACCOUNTANT",
     "KINDS",
     "PAPER_BOUNDS",
     "PAPER_BOUND_KIND",
@@ -60,11 +67,14 @@ __all__ = [
     "accountant_names",
     "certified_methods",
     "compute_curve",
+    "counterpart",
+    "curve_methods",
     "epsilon_at",
     "epsilon_curve",
     "method_kind",
     "per_step_epsilon",
     "register_accountant",
+    "tightest",
     "validate_delta",
     "validate_method",
     "validate_rounds",
@@ -76,6 +86,9 @@ CERTIFIED_KIND = "certified"
 VALID_BOUND_KIND = "valid closed-form bound"
 PAPER_BOUND_KIND = "paper bound, not a certificate"
 KINDS = (CERTIFIED_KIND, VALID_BOUND_KIND, PAPER_BOUND_KIND)
+
+#: the accountant a run, the ledger and the library functions use when none is named: the tightest certified one
+DEFAULT_ACCOUNTANT = "pld"
 
 
 def validate_delta(delta, field_name: str = "delta") -> float:
@@ -104,6 +117,12 @@ def accountant_names(kind: str | None = None) -> tuple[str, ...]:
     if kind is not None and kind not in KINDS:
         raise PrivacyInputError("kind", kind, f"must be one of {', '.join(KINDS)}")
     return tuple(n for n, a in ACCOUNTANTS.items() if kind is None or a.kind == kind)
+
+
+def curve_methods() -> list[str]:
+    """The accountants with a curve for one mechanism (what ``fedsim privacy`` computes), in registration order; an
+    accountant registered for a noise mechanism's own releases may compose ledgers only (``curve=None``)."""
+    return [n for n, a in ACCOUNTANTS.items() if a.curve is not None]
 
 
 def certified_methods() -> tuple[str, ...]:
@@ -291,15 +310,34 @@ class Accountant:
 
     ``accepts_any_event``: whether its ledger composition takes releases other than Mechanisms (by their
     dp-accounting events); only then is it suggested for such a ledger.
+
+    What callers ask of an entry instead of its name:
+
+    * ``falls_back_to``: for an accountant whose composition is a privacy loss distribution (memory grows as the
+      noise per unit of sensitivity shrinks), the accountant that answers, with a valid and looser epsilon, where
+      that PLD would not fit in memory (:data:`fedsim.privacy.certified.MAX_PLD_POINTS`); calibration over a
+      schedule also searches the whole noise range with it, since it always answers. None: it always answers.
+    * ``dp_accountant``: for a certified accountant built on dp-accounting, a factory of a fresh
+      ``dp_accounting.PrivacyAccountant`` of that kind: what a schedule's closed-form event is composed with and
+      calibrated by (``dp_accounting.calibrate_dp_mechanism``). None: it cannot account a schedule.
+    * ``cheap_per_round``: whether its epsilon after many rounds costs about what it costs after one (RDP
+      evaluates its orders in closed form; a PLD of ``t`` rounds grows with ``t``), so a schedule's curve is
+      computed at every round rather than at checkpoints.
+    * ``rank``: where it comes among the accountants of its kind when one epsilon is to be shown from several
+      (:func:`tightest`; lower first, the tighter in practice).
     """
 
     name: str
     kind: str
     description: str
-    curve: Callable[[CurveQuery], CurveResult]
+    curve: Callable[[CurveQuery], CurveResult] | None
     of_ledger: Callable[[LedgerRounds, str, float], float] | None = None
     ledger_accountant: Callable[[float], LedgerAccountant] | None = None
     accepts_any_event: bool = False
+    falls_back_to: str | None = None
+    dp_accountant: Callable[[], Any] | None = None
+    cheap_per_round: bool = False
+    rank: int = 100
 
     @property
     def composes_ledgers(self) -> bool:
@@ -448,6 +486,19 @@ def _basic_curve(q: _Query) -> _Result:
     return _Result(q.T * et, q.T * q_ds)
 
 
+def _pld_dp_accountant() -> Any:
+    # dp-accounting is loaded on first accounting, not when fedsim is imported (Ray workers, ClientApps)
+    from dp_accounting.pld import pld_privacy_accountant
+
+    return pld_privacy_accountant.PLDAccountant()
+
+
+def _rdp_dp_accountant() -> Any:
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    return rdp_privacy_accountant.RdpAccountant()
+
+
 def _rdp_of_ledger(rounds: LedgerRounds, relation: str, delta: float) -> float:
     return certified.rdp_epsilon(rounds, relation, delta)
 
@@ -470,6 +521,9 @@ ACCOUNTANTS: dict[str, Accountant] = {
             _pld_curve,
             ledger_accountant=certified.PldLedgerAccountant,
             accepts_any_event=True,
+            falls_back_to="rdp",
+            dp_accountant=_pld_dp_accountant,
+            rank=0,
         ),
         Accountant(
             "rdp",
@@ -478,6 +532,9 @@ ACCOUNTANTS: dict[str, Accountant] = {
             _rdp_curve,
             _rdp_of_ledger,
             accepts_any_event=True,
+            dp_accountant=_rdp_dp_accountant,
+            cheap_per_round=True,
+            rank=1,
         ),
         Accountant(
             "igmm",
@@ -491,6 +548,7 @@ ACCOUNTANTS: dict[str, Accountant] = {
             "IGMM structure with exact Gaussian step, amplified "
             "delta and Kairouz Thm 3.4; valid closed-form bound",
             _igmm_corrected_curve,
+            rank=1,
         ),
         Accountant(
             "dp-fl-thm8",
@@ -503,6 +561,7 @@ ACCOUNTANTS: dict[str, Accountant] = {
             "valid closed-form bound",
             "optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta); valid closed-form bound",
             _kairouz_curve,
+            rank=0,
         ),
         Accountant(
             "basic",
@@ -510,6 +569,7 @@ ACCOUNTANTS: dict[str, Accountant] = {
             "basic composition of per-step (eps, delta); valid closed-form bound",
             _basic_curve,
             _basic_of_ledger,
+            rank=2,
         ),
     )
 }
@@ -530,10 +590,21 @@ def register_accountant(acc: Accountant, *, replace: bool = False) -> Accountant
         raise ValueError(
             f"accountant {acc.name!r}: kind={acc.kind!r} must be one of {', '.join(map(repr, KINDS))}"
         )
-    for part in ("curve", "of_ledger", "ledger_accountant"):
+    for part in ("curve", "of_ledger", "ledger_accountant", "dp_accountant"):
         fn = getattr(acc, part)
-        if (fn is not None or part == "curve") and not callable(fn):
+        if fn is not None and not callable(fn):
             raise TypeError(f"accountant {acc.name!r}: {part} must be callable, got {fn!r}")
+    if acc.curve is None and not acc.composes_ledgers:
+        raise TypeError(
+            f"accountant {acc.name!r}: give a curve, a ledger composition (of_ledger or ledger_accountant), or both"
+        )
+    if acc.falls_back_to is not None:
+        fallback = ACCOUNTANTS.get(acc.falls_back_to) if isinstance(acc.falls_back_to, str) else None
+        if fallback is None or fallback.kind != acc.kind or fallback.falls_back_to is not None:
+            raise ValueError(
+                f"accountant {acc.name!r}: falls_back_to={acc.falls_back_to!r} must name a registered accountant "
+                "of the same kind that always answers (falls back to none itself)"
+            )
     if acc.name in ACCOUNTANTS and ACCOUNTANTS[acc.name] is not acc and not replace:
         raise ValueError(
             f"an accountant named {acc.name!r} is registered already ({', '.join(ACCOUNTANTS)}); "
@@ -582,6 +653,27 @@ NOT_PRIVATE_NOTE = (
 )
 
 
+def counterpart(method: str) -> str:
+    """The certified accountant a run's epsilon by ``method`` is shown beside (a second, independent
+    certificate): :data:`DEFAULT_ACCOUNTANT`, or for the default itself the accountant it falls back to. Any name is
+    taken, registered or not (a finished run may name an accountant this process has not registered)."""
+    if method != DEFAULT_ACCOUNTANT:
+        return DEFAULT_ACCOUNTANT
+    return ACCOUNTANTS[DEFAULT_ACCOUNTANT].falls_back_to or DEFAULT_ACCOUNTANT
+
+
+def tightest(methods) -> str | None:
+    """Of the registered names in ``methods``, the one whose epsilon is the statement to make when one is shown:
+    certified before valid closed-form bounds, then by :attr:`Accountant.rank` (then registration order). A paper
+    bound is never picked (it is not a certificate); None when no name qualifies."""
+    order = {name: i for i, name in enumerate(ACCOUNTANTS)}
+    kinds = (CERTIFIED_KIND, VALID_BOUND_KIND)
+    picks = [m for m in methods if isinstance(m, str) and m in ACCOUNTANTS and ACCOUNTANTS[m].kind in kinds]
+    if not picks:
+        return None
+    return min(picks, key=lambda m: (kinds.index(ACCOUNTANTS[m].kind), ACCOUNTANTS[m].rank, order[m]))
+
+
 def method_kind(method: str) -> str:
     """``"certified"`` (dp-accounting), ``"valid closed-form bound"`` or ``"paper bound, not a certificate"``."""
     return ACCOUNTANTS[validate_method(method)].kind
@@ -591,7 +683,7 @@ def compute_curve(
     mechanism: Mechanism,
     rounds: int,
     delta: float,
-    method: str = "pld",
+    method: str = DEFAULT_ACCOUNTANT,
     *,
     step_delta: float | None = None,
     dtil: float | None = None,
@@ -634,6 +726,13 @@ def compute_curve(
         inf = np.full(len(T), np.inf)
         return EpsilonCurve(acc.name, inf, np.full(len(T), delta), status, acc.kind == CERTIFIED_KIND,
                             np.ones(len(T), dtype=bool), [NOT_PRIVATE_NOTE], {})  # fmt: skip
+    if acc.curve is None:
+        curves = ", ".join(n for n, a in ACCOUNTANTS.items() if a.curve is not None)
+        raise PrivacyInputError(
+            "method",
+            acc.name,
+            f"accounts a ledger's releases only (it has no curve for a Gaussian mechanism); use {curves}",
+        )
     r = acc.curve(q)
     eps = np.asarray(r.epsilon, dtype=float)
     status = _status_array(len(T)) if r.status is None else r.status
@@ -652,13 +751,15 @@ def compute_curve(
     )
 
 
-def epsilon_at(mechanism: Mechanism, rounds: int, delta: float, method: str = "pld", **options) -> float:
+def epsilon_at(
+    mechanism: Mechanism, rounds: int, delta: float, method: str = DEFAULT_ACCOUNTANT, **options
+) -> float:
     """Epsilon after exactly ``rounds`` rounds (computes only that round; PLD exact there)."""
     return float(compute_curve(mechanism, rounds, delta, method, _only_last=True, **options).epsilon[-1])
 
 
 def epsilon_curve(
-    mechanism: Mechanism, rounds: int, delta: float, method: str = "pld", **options
+    mechanism: Mechanism, rounds: int, delta: float, method: str = DEFAULT_ACCOUNTANT, **options
 ) -> np.ndarray:
     """Epsilon after each round t = 1..rounds (NaN where a paper bound makes no statement)."""
     return compute_curve(mechanism, rounds, delta, method, **options).epsilon

@@ -15,7 +15,7 @@ The ledger hands its rounds to the accountant (:data:`~fedsim.privacy.ACCOUNTANT
 one :class:`~fedsim.privacy.accountants.LedgerAccountant` per accountant and PLD discretisation. ``pld``'s keeps the
 composed PLD of the rounds so far, so calling ``epsilon(delta, "pld")`` after every round costs one PLD composition
 per round (dp-accounting's own, the PLDs ``fedsim privacy`` composes too), and answers with RDP where a PLD would
-not fit in memory (:attr:`Ledger.pld_fallback` says why).
+not fit in memory (:meth:`Ledger.fell_back` says why).
 
 Serialised (``ledger.json``, format ``fedsim.privacy.ledger/1``), each release is ``{round, name, mechanism}`` for
 a Mechanism, and ``{round, name, kind, mechanism}`` for another release, ``mechanism`` then holding its own
@@ -34,7 +34,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import certified
-from .accountants import ACCOUNTANTS, Accountant, LedgerAccountant, validate_delta, validate_method
+from .accountants import (
+    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    Accountant,
+    LedgerAccountant,
+    validate_delta,
+    validate_method,
+)
 from .errors import PrivacyInputError
 from .mechanism import Mechanism, compose_same_cohort
 
@@ -227,12 +234,23 @@ class Ledger:
     def last_round(self) -> int:
         return self._releases[-1].round if self._releases else 0
 
+    def fell_back(self, method: str) -> tuple[str, str] | None:
+        """``(accountant, why)`` if the last query by ``method`` was answered by the accountant it falls back to
+        (:attr:`~fedsim.privacy.accountants.Accountant.falls_back_to`: ``pld`` by ``rdp`` where a PLD would not fit
+        in memory), else None (also for a method not queried yet, or not registered). Held by the accountant's
+        state (its :attr:`~fedsim.privacy.accountants.LedgerAccountant.fallback`)."""
+        held = self._accountants.get((method, self.pld_discretization))
+        why = getattr(held[1], "fallback", None) if held else None
+        if not why:
+            return None
+        return held[0].falls_back_to or "another accountant", why
+
     @property
     def pld_fallback(self) -> str | None:
-        """Why the last ``pld`` query was answered with RDP (a PLD would not fit in memory); None if it was not.
-        Held by the pld accountant's state (:class:`fedsim.privacy.certified.PldLedgerAccountant`)."""
-        held = self._accountants.get(("pld", self.pld_discretization))
-        return getattr(held[1], "fallback", None) if held else None
+        """Why the last ``pld`` query was answered with RDP (a PLD would not fit in memory); None if it was not
+        (:meth:`fell_back` for any accountant)."""
+        answered = self.fell_back("pld")
+        return answered[1] if answered else None
 
     def __len__(self) -> int:
         return len(self._releases)
@@ -256,7 +274,7 @@ class Ledger:
         return out
 
     # ------------------------------------------------------------------ accounting
-    def accountant(self, method: str = "pld") -> LedgerAccountant:
+    def accountant(self, method: str = DEFAULT_ACCOUNTANT) -> LedgerAccountant:
         """This ledger's state of accountant ``method`` at its PLD discretisation (made on first use by the
         registry's :meth:`~fedsim.privacy.accountants.Accountant.for_ledger`; remade if the registry entry was
         replaced)."""
@@ -267,7 +285,7 @@ class Ledger:
             held = self._accountants[key] = (acc, acc.for_ledger(self.pld_discretization))
         return held[1]
 
-    def epsilon(self, delta: float, method: str = "pld") -> float:
+    def epsilon(self, delta: float, method: str = DEFAULT_ACCOUNTANT) -> float:
         """Epsilon of everything recorded so far at ``delta`` (certified for pld and rdp, a valid closed-form
         bound for igmm-corrected, kairouz and basic; NaN where a paper bound makes no statement). 0.0 for an
         empty ledger."""
@@ -278,7 +296,9 @@ class Ledger:
             self._memo[key] = self._epsilon(self._rounds_grouped(), delta, method, cache=True)
         return self._memo[key]
 
-    def epsilon_with(self, mechanisms: Iterable[Any], delta: float, method: str = "pld") -> float:
+    def epsilon_with(
+        self, mechanisms: Iterable[Any], delta: float, method: str = DEFAULT_ACCOUNTANT
+    ) -> float:
         """Epsilon if one more round releasing ``mechanisms`` (Mechanisms or other :class:`DpRelease`) were
         recorded; the ledger is unchanged."""
         delta = validate_delta(delta)
@@ -289,7 +309,12 @@ class Ledger:
         return self._epsilon(self._rounds_grouped(extra), delta, method, cache=False)
 
     def would_exceed(
-        self, mechanism: Any, max_epsilon: float, delta: float, method: str = "pld", releases=None
+        self,
+        mechanism: Any,
+        max_epsilon: float,
+        delta: float,
+        method: str = DEFAULT_ACCOUNTANT,
+        releases=None,
     ) -> bool:
         """Whether one more round releasing ``mechanism`` (plus ``releases``: further releases in the
         same round, or an int number of identical releases) would take epsilon above ``max_epsilon``.
@@ -320,7 +345,7 @@ class Ledger:
         return float(self.accountant(method).epsilon(rounds, relation, delta, cache))
 
     # ------------------------------------------------------------------ curves and serialisation
-    def epsilon_curve(self, delta: float, method: str = "pld") -> np.ndarray:
+    def epsilon_curve(self, delta: float, method: str = DEFAULT_ACCOUNTANT) -> np.ndarray:
         """Epsilon after each recorded round (recomputed; for reports, not for the training loop)."""
         delta = validate_delta(delta)
         method = validate_method(method)

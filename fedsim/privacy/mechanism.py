@@ -2,8 +2,8 @@
 
 Conventions (see ``shared/reference/privacy-formulas.md``):
 
-* Each sampled client's update is clipped to L2 norm ``clip``; the server adds Gaussian noise of
-  std ``noise_multiplier * clip`` to the **sum** of clipped updates (``noise_std``) and divides by
+* Each sampled client's update is clipped to L2 norm ``clip``; noise of scale ``noise_multiplier * clip``
+  (``noise_std``: for Gaussian noise, its std) is added to the **sum** of clipped updates, and the sum divided by
   the expected cohort size (``expected_cohort``), never by the realised count. The expected cohort (and the
   sampling probability, when a cohort size is given) comes from the **public population**
   (``public_population``): a number fixed before the run, never the realised population, which one client
@@ -19,10 +19,13 @@ Conventions (see ``shared/reference/privacy-formulas.md``):
   client's contribution is replaced (1 for a bit or a loss in [0, 1]; default ``2*clip``, which is
   right for a vector in an L2 ball). Under add/remove the sensitivity is ``clip``; under
   replace-one it is ``diameter``.
-* ``noise_placement="distributed"`` (each sampled client adds a share of the noise) is accounted
-  exactly like central noise of std ``noise_multiplier * clip``. That assumes honest clients and
-  shares whose variances add up to ``(noise_multiplier*clip)^2`` for the cohort actually sampled
-  (share variance ``(z*clip)^2/k`` with ``k`` the realised cohort size); see :attr:`caveats`.
+* ``noise_kind`` names the distribution (``"gaussian"`` unless the run's noise mechanism draws another,
+  :attr:`fedsim.round.NoiseSource.noise_kind`). The Gaussian events, PLDs and closed forms below describe Gaussian
+  rounds only and refuse any other: another kind of round is accounted by the release its mechanism records
+  (:meth:`fedsim.round.NoiseSource.dp_release`).
+* ``noise_placement="distributed"`` (each sampled client adds a share of the noise, the server the shares missing
+  below the expected cohort) is accounted exactly like central noise of the same scale. That assumes honest
+  clients whose shares add up to it; see :attr:`caveats`.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fedsim.round.noise import NOISE_PLACEMENTS
+from fedsim.round.noise import NOISE_PLACEMENTS, Placement, placement
 from fedsim.round.sampling import ADD_REMOVE, REPLACE_ONE, Sampler, sampler_class
-from fedsim.validation import PrivacyInputError, is_int, noise_and_clip, one_of, positive_finite
+from fedsim.validation import PrivacyInputError, is_int, noise_and_clip, positive_finite
 
 __all__ = ["NOISE_PLACEMENTS", "ZERO_OUT", "Mechanism", "compose_same_cohort"]
 
@@ -43,6 +46,8 @@ ZERO_OUT = "zero-out"
 #: fields saved only when set (a participation schedule's; the public population), so a ledger of other rounds is
 #: saved exactly as before they existed
 OPTIONAL_FIELDS = ("min_separation", "max_participations", "public_population")
+#: the noise a :class:`Mechanism` describes unless it says otherwise (saved only when it is another)
+GAUSSIAN = "gaussian"
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,14 @@ class Mechanism:
     min_separation: int | None = None
     max_participations: int | None = None
     public_population: int | None = None
+    noise_kind: str = GAUSSIAN
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self) -> None:
+        if not isinstance(self.noise_kind, str) or not self.noise_kind:
+            raise PrivacyInputError(
+                "noise_kind", self.noise_kind, "must be a non-empty string (e.g. 'gaussian')"
+            )
         if not is_int(self.population) or self.population < 1:
             raise PrivacyInputError("population", self.population, "must be an integer >= 1")
         if self.public_population is not None:
@@ -89,7 +99,7 @@ class Mechanism:
                 )
             object.__setattr__(self, "public_population", int(self.public_population))
         scheme = sampler_class(self.sampling)
-        one_of("noise_placement", self.noise_placement, NOISE_PLACEMENTS)
+        placement(self.noise_placement)
         clip, z = noise_and_clip(self.clip, self.noise_multiplier)
         object.__setattr__(self, "clip", clip)
         object.__setattr__(self, "noise_multiplier", z)
@@ -181,14 +191,28 @@ class Mechanism:
         return self.noise_std / self.sensitivity if self.private else 0.0
 
     @property
-    def caveats(self) -> tuple[str, ...]:
-        out = []
-        if self.noise_placement == "distributed":
-            out.append(
-                "distributed noise is accounted as central noise of std noise_multiplier*clip: assumes honest "
-                "clients whose share variances add up to (noise_multiplier*clip)^2 for the realised cohort"
+    def placement(self) -> Placement:
+        """Where the noise is added (:data:`fedsim.round.PLACEMENTS`): by the server, or as the clients' shares."""
+        return placement(self.noise_placement)
+
+    @property
+    def gaussian(self) -> bool:
+        """Whether its noise is Gaussian, so that the Gaussian events, PLDs and closed forms describe it."""
+        return self.noise_kind == GAUSSIAN
+
+    def _require_gaussian(self, what: str) -> None:
+        if not self.gaussian:
+            raise PrivacyInputError(
+                "noise_kind",
+                self.noise_kind,
+                f"{what} describes Gaussian noise; a {self.noise_kind!r} round is accounted by its mechanism's own "
+                "release (NoiseSource.dp_release), never as Gaussian",
             )
-        return tuple(out)
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        caveat = self.placement.caveat
+        return () if caveat is None else (caveat,)
 
     def sampling_key(self) -> tuple:
         """Identifies the cohort draw: releases with the same key in one round share the sampled cohort."""
@@ -218,6 +242,7 @@ class Mechanism:
         """
         from dp_accounting import dp_event  # dp-accounting is loaded on first accounting, not at import
 
+        self._require_gaussian("Mechanism.to_dp_event")
         relation = relation or self.neighbouring
         sensitivity = self.replace_sensitivity if relation == REPLACE_ONE else self.clip
         return self.scheme.dp_event(self, dp_event.GaussianDpEvent(self.noise_std / sensitivity), relation)
@@ -225,6 +250,7 @@ class Mechanism:
     def pld_parameters(self, relation: str | None = None) -> tuple[float, float, str]:
         """``(standard_deviation, sampling_prob, dp-accounting relation name)`` of one round's PLD with sensitivity 1
         under ``relation`` (default: :attr:`neighbouring`), from the scheme (:meth:`Sampler.pld_parameters`)."""
+        self._require_gaussian("Mechanism.pld_parameters")
         return self.scheme.pld_parameters(self, relation or self.neighbouring)
 
     def at_population(self, population: int) -> Mechanism:
@@ -233,6 +259,7 @@ class Mechanism:
 
     def igmm_params(self) -> dict:
         """The papers' parameters: ``N``, ``tau``, ``sigma = z*clip/tau`` (noise on the average), ``D``."""
+        self._require_gaussian("the papers' closed forms")
         tau = self.tau
         return dict(
             N=self.population,
@@ -259,6 +286,8 @@ class Mechanism:
         for key in OPTIONAL_FIELDS:
             if d[key] is None:
                 del d[key]
+        if d["noise_kind"] == GAUSSIAN:
+            del d["noise_kind"]
         return d
 
     @classmethod
@@ -299,6 +328,8 @@ def compose_same_cohort(mechanisms: Iterable[Mechanism]) -> Mechanism:
             )
     if len(mechs) == 1:
         return mechs[0]
+    for m in mechs:
+        m._require_gaussian("compose_same_cohort")
     if not all(m.private for m in mechs):  # one un-noised release on the cohort: the round is not private
         return dataclasses.replace(mechs[0], noise_multiplier=0.0)
     z_eff = sum(m.normalized_noise**-2 for m in mechs) ** -0.5

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .accountants import ACCOUNTANTS
 from .errors import PrivacyInputError
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "schedule_bounds",
     "schedule_epsilon",
     "schedule_epsilon_detail",
+    "schedule_methods",
 ]
 
 #: calibration aims this fraction below the target epsilon (see :func:`calibrate_schedule`)
@@ -258,16 +260,23 @@ def schedule_bounds(
     return (int(min_separation), max_participations) if scheme.scheduled else (1, None)
 
 
-def _dp_accountant(method: str) -> Any:
-    """dp-accounting's accountant class for ``method`` (``"pld"`` or ``"rdp"``)."""
-    from dp_accounting.pld import pld_privacy_accountant
-    from dp_accounting.rdp import rdp_privacy_accountant
+def schedule_methods() -> tuple[str, ...]:
+    """The accountants that can account a schedule, in registry order: those built on dp-accounting
+    (:attr:`~fedsim.privacy.accountants.Accountant.dp_accountant`), which compose the schedule's closed-form event
+    (:meth:`ScheduleAccounting.run_event`); the closed forms describe independent rounds only."""
+    return tuple(name for name, acc in ACCOUNTANTS.items() if acc.dp_accountant is not None)
 
-    if method not in ("pld", "rdp"):
+
+def _dp_accountant(method: str) -> Any:
+    """The factory of dp-accounting's accountant for ``method`` (one of :func:`schedule_methods`)."""
+    acc = ACCOUNTANTS.get(method) if isinstance(method, str) else None
+    if acc is None or acc.dp_accountant is None:
         raise PrivacyInputError(
-            "accountant", method, "must be pld or rdp to account a schedule (dp-accounting)"
+            "accountant",
+            method,
+            f"must be {' or '.join(schedule_methods())} to account a schedule (dp-accounting)",
         )
-    return {"pld": pld_privacy_accountant.PLDAccountant, "rdp": rdp_privacy_accountant.RdpAccountant}[method]
+    return acc.dp_accountant
 
 
 def pld_impractical(accounting: ScheduleAccounting, t: int, noise_multiplier: float) -> str | None:
@@ -302,15 +311,17 @@ def pld_impractical(accounting: ScheduleAccounting, t: int, noise_multiplier: fl
 def schedule_epsilon_detail(
     accounting: ScheduleAccounting, t: int, noise_multiplier: float, delta: float, method: str
 ) -> tuple[float, str | None]:
-    """:func:`schedule_epsilon` and why ``pld`` was answered with ``rdp`` (None: it was not)."""
+    """:func:`schedule_epsilon` and why ``method`` was answered with the accountant it falls back to (``pld``
+    with ``rdp``; None: it was not)."""
     from dp_accounting import dp_event
 
     event = accounting.run_event(t, noise_multiplier)
     if isinstance(event, dp_event.NonPrivateDpEvent):
         return math.inf, None
-    _dp_accountant(method)  # refuses anything but pld and rdp
-    why = pld_impractical(accounting, t, noise_multiplier) if method == "pld" else None
-    acc = _dp_accountant("rdp" if why else method)()
+    make = _dp_accountant(method)  # refuses an accountant not built on dp-accounting
+    fallback = ACCOUNTANTS[method].falls_back_to  # set for a PLD, which may not fit in memory
+    why = pld_impractical(accounting, t, noise_multiplier) if fallback is not None else None
+    acc = _dp_accountant(fallback)() if why else make()
     acc.compose(event)
     return float(acc.get_epsilon(delta)), why
 
@@ -333,12 +344,14 @@ def calibrate_schedule(
     *,
     notes: list[str] | None = None,
 ) -> float:
-    """The noise multiplier whose certified epsilon (dp-accounting's ``method``, ``"pld"`` or ``"rdp"``) after
+    """The noise multiplier whose certified epsilon (dp-accounting's ``method``, one of :func:`schedule_methods`) after
     ``rounds`` rounds of ``accounting`` is ``target_epsilon`` at ``delta``, computed on the run's closed-form event
     and aimed 0.1% below the target: a run's ledger composes the same Gaussian round by round, and PLD's
     pessimistic discretisation then adds a little (4.00004 for a target of 4 over 100 rounds without the margin).
     RDP first, then PLD, which is tighter, just below RDP's answer (a PLD at a tiny noise multiplier would not fit in
-    memory). Where even that PLD would not fit (:func:`pld_impractical`), ``pld`` answers with RDP's noise
+    memory): the whole range is searched with the accountant ``method`` falls back to
+    (:attr:`~fedsim.privacy.accountants.Accountant.falls_back_to`, which always answers), or with ``method`` itself
+    if it has none. Where even that PLD would not fit (:func:`pld_impractical`), ``pld`` answers with RDP's noise
     multiplier, which certifies the target too, and says so in ``notes``.
 
     A target that no noise multiplier in :data:`CALIBRATION_RANGE` meets, or that even the least of them beats, is
@@ -357,17 +370,18 @@ def calibrate_schedule(
         and target_epsilon > 0
     ):
         raise PrivacyInputError("target_epsilon", target_epsilon, "must be a positive finite number")
-    _dp_accountant(method)  # refuses anything but pld and rdp
+    _dp_accountant(method)  # refuses an accountant not built on dp-accounting
+    search = ACCOUNTANTS[method].falls_back_to or method  # answers over the whole range (pld: rdp)
     aim = float(target_epsilon) * (1.0 - MARGIN)
     least, most = CALIBRATION_RANGE
     with quiet_absl():
         reach = (
-            schedule_epsilon(accounting, rounds, least, delta, "rdp"),
-            schedule_epsilon(accounting, rounds, most, delta, "rdp"),
+            schedule_epsilon(accounting, rounds, least, delta, search),
+            schedule_epsilon(accounting, rounds, most, delta, search),
         )
     if not reach[1] < aim < reach[0]:  # the root finder needs the target strictly inside
         raise target_out_of_reach(
-            "target_epsilon", target_epsilon, rounds, delta, CALIBRATION_RANGE, reach, "rdp"
+            "target_epsilon", target_epsilon, rounds, delta, CALIBRATION_RANGE, reach, search
         )
 
     def calibrate(name: str, low: float, high: float) -> float:
@@ -383,17 +397,21 @@ def calibrate_schedule(
         )
 
     with quiet_absl():
-        z_rdp = calibrate("rdp", least, most)
-        if method == "rdp":
-            return z_rdp
-        why = pld_impractical(accounting, rounds, 0.25 * z_rdp)
+        z_search = calibrate(search, least, most)
+        if search == method:
+            return z_search
+        why = pld_impractical(accounting, rounds, 0.25 * z_search)
         if why is None:
             try:
-                return calibrate("pld", 0.25 * z_rdp, 1.01 * z_rdp)
+                return calibrate(method, 0.25 * z_search, 1.01 * z_search)
             except ValueError:  # PLD's epsilon does not cross the target in that bracket
-                why = "PLD's epsilon does not cross the target near RDP's noise multiplier"
+                why = (
+                    f"{method.upper()}'s epsilon does not cross the target near {search.upper()}'s noise "
+                    "multiplier"
+                )
         if notes is not None:
             notes.append(
-                f"pld: calibrated with rdp ({why}): RDP's noise multiplier, which certifies the target too"
+                f"{method}: calibrated with {search} ({why}): {search.upper()}'s noise multiplier, which "
+                "certifies the target too"
             )
-        return z_rdp
+        return z_search

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
+from fedsim.labels import INFINITE, NON_PRIVATE, REASON_SUFFIX
+from fedsim.privacy.accountants import DEFAULT_ACCOUNTANT, counterpart
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -416,12 +417,88 @@ def label_points(
 
 
 # ----------------------------------------------------------------------------------------------------- per run
+def _plot_certified(ax: Axes, run: dict[str, Any], r: np.ndarray, delta: float, from_ledger: bool) -> bool:
+    """The run's own accountant's certified epsilon per round (its legend entry even with no finite value, and
+    saying at how many rounds it is infinite), and the other accountant's from ``ledger.json`` where
+    ``from_ledger``. Returns whether a curve was drawn."""
+    rows = run["rows"]
+    own = str(rows[-1].get("accountant", DEFAULT_ACCOUNTANT)) if rows else DEFAULT_ACCOUNTANT
+    eps = _column(rows, "epsilon")
+    infinite = sum(1 for row in rows if row.get("epsilon" + REASON_SUFFIX) == INFINITE)
+    note = (
+        f"; infinite (no finite epsilon at this delta) at {infinite} of {len(rows)} rounds, not drawn"
+        if infinite
+        else ""
+    )
+    drawn = False
+    ok = np.isfinite(eps)
+    if ok.any():
+        ax.plot(r[ok], eps[ok], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note}")
+        drawn = True
+    else:
+        ax.plot([], [], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note or ': no value'}")
+    other = counterpart(own)
+    eps_other = (
+        _ledger_curve(run.get("ledger"), delta, other, r) if from_ledger else np.full(r.size, math.nan)
+    )
+    ok = np.isfinite(eps_other)
+    if ok.any():
+        ax.plot(r[ok], eps_other[ok], "s--", ms=3, label=f"{other} (certified, from ledger.json)")
+        drawn = True
+    return drawn
+
+
+def _plot_paper_bounds(ax: Axes, rows: list[dict[str, Any]], r: np.ndarray) -> tuple[bool, list[str]]:
+    """The IGMM paper's closed-form epsilons per round, each saying at how many rounds it is undefined.
+    Returns whether a curve was drawn and the bounds undefined at every round (not drawn, no legend entry:
+    the title says why)."""
+    drawn = False
+    never: list[str] = []
+    for key, label, style in (
+        ("paper_epsilon_igmm-corrected", "IGMM corrected (valid closed form)", ":"),
+        ("paper_epsilon_igmm", "IGMM Theorem 7 as printed (not a certificate)", "-."),
+    ):
+        v = _column(rows, key)
+        good = np.isfinite(v)
+        undefined = int((~good).sum())
+        note = f"; undefined at {undefined} of {len(rows)} rounds" if undefined else ""
+        if good.any():
+            ax.plot(r[good], v[good], style, lw=1.5, label=label + note)
+            drawn = True
+        elif rows:
+            never.append(label.split(" (")[0])
+    return drawn, never
+
+
+def _plot_canary_estimates(ax: Axes, rows: list[dict[str, Any]], r: np.ndarray) -> tuple[bool, Any]:
+    """``privacy.canaries``' empirical epsilons per round (Andrew et al.'s estimate, Steinke et al.'s lower
+    bound), where positive. Returns whether a curve was drawn and what draws the Andrew et al. estimate's
+    confidence band once the y axis is set (:func:`_andrew_band`), or None."""
+    drawn = False
+    band = None
+    for key, label, style in (
+        ("andrew_epsilon_all_rounds", "Andrew et al. estimate, all rounds (canaries; an estimate)", "^-"),
+        ("steinke_epsilon_lower_bound", "Steinke et al. lower bound (canaries; measured)", "v-"),
+    ):
+        v = _column(rows, key, "empirical_privacy")
+        good = np.isfinite(v) & (v > 0)
+        if good.any():
+            line = ax.plot(r[good], v[good], style, ms=4, lw=1, label=label)[0]
+            drawn = True
+            if key == "andrew_epsilon_all_rounds":
+                band = _andrew_band(ax, rows, r, line.get_color())
+    return drawn, band
+
+
 def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
+    """Client-level epsilon per round: the certified epsilon of the run's accountant and of the other one (from
+    ``ledger.json``), the IGMM paper's closed forms, and the canaries' empirical estimates with their limits,
+    on a log axis where they span a wide range. A non-private run, or one without a finite epsilon at any
+    round, gets a message rather than an empty axis with made-up ticks."""
     plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
     delta = float(rows[-1]["delta"]) if rows else math.nan
-    own = str(rows[-1].get("accountant", "pld")) if rows else "pld"
     fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
     ax.set_title(_title("Client-level privacy spent per round", run), fontsize=TITLE_SIZE)
     _round_axis(ax, r)
@@ -437,55 +514,10 @@ def figure_epsilon(run: dict[str, Any], from_ledger: bool = True) -> Figure:
             "paper bound gives a finite epsilon; nothing to draw)",
         )
         return fig
-    eps = _column(rows, "epsilon")
-    infinite = sum(1 for row in rows if row.get("epsilon" + REASON_SUFFIX) == INFINITE)
-    note = (
-        f"; infinite (no finite epsilon at this delta) at {infinite} of {len(rows)} rounds, not drawn"
-        if infinite
-        else ""
-    )
-    drawn = False
-    ok = np.isfinite(eps)
-    if ok.any():
-        ax.plot(r[ok], eps[ok], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note}")
-        drawn = True
-    else:
-        ax.plot([], [], "o-", ms=3, lw=2, label=f"{own} (certified, dp-accounting){note or ': no value'}")
-    never: list[str] = []  # the paper bounds undefined at every round of the run
-    other = "rdp" if own == "pld" else "pld"
-    eps_other = (
-        _ledger_curve(run.get("ledger"), delta, other, r) if from_ledger else np.full(r.size, math.nan)
-    )
-    ok = np.isfinite(eps_other)
-    if ok.any():
-        ax.plot(r[ok], eps_other[ok], "s--", ms=3, label=f"{other} (certified, from ledger.json)")
-        drawn = True
-    for key, label, style in (
-        ("paper_epsilon_igmm-corrected", "IGMM corrected (valid closed form)", ":"),
-        ("paper_epsilon_igmm", "IGMM Theorem 7 as printed (not a certificate)", "-."),
-    ):
-        v = _column(rows, key)
-        good = np.isfinite(v)
-        undefined = int((~good).sum())
-        note = f"; undefined at {undefined} of {len(rows)} rounds" if undefined else ""
-        if good.any():
-            ax.plot(r[good], v[good], style, lw=1.5, label=label + note)
-            drawn = True
-        elif rows:  # no curve and no legend entry: the title says why
-            never.append(label.split(" (")[0])
-    band = None  # privacy.canaries: draws the Andrew et al. estimate's confidence band once the axis is set
-    for key, label, style in (
-        ("andrew_epsilon_all_rounds", "Andrew et al. estimate, all rounds (canaries; an estimate)", "^-"),
-        ("steinke_epsilon_lower_bound", "Steinke et al. lower bound (canaries; measured)", "v-"),
-    ):
-        v = _column(rows, key, "empirical_privacy")
-        good = np.isfinite(v) & (v > 0)
-        if good.any():
-            line = ax.plot(r[good], v[good], style, ms=4, lw=1, label=label)[0]
-            drawn = True
-            if key == "andrew_epsilon_all_rounds":
-                band = _andrew_band(ax, rows, r, line.get_color())
-    drawn = _canary_limits(ax, rows, r) or drawn
+    certified = _plot_certified(ax, run, r, delta, from_ledger)
+    paper, never = _plot_paper_bounds(ax, rows, r)
+    canaries, band = _plot_canary_estimates(ax, rows, r)
+    drawn = _canary_limits(ax, rows, r) or certified or paper or canaries
     if never:
         bounds = " and ".join(never)
         ax.set_title(
@@ -649,8 +681,9 @@ def figure_accuracy(run: dict[str, Any]) -> Figure:
 
 def figure_perplexity(run: dict[str, Any]) -> Figure:
     """Perplexity per round of a sequence task: ``exp`` of the mean over clients of their per-token negative
-    log-likelihood (:func:`fedsim.report.rows.client_means`), held-out clients and training clients (non-private),
-    on a log axis where it spans a factor of :data:`LOG_RATIO` or more (a diverging run reaches thousands)."""
+    log-likelihood (:func:`fedsim.training.evaluation.client_means`), held-out clients and training clients
+    (non-private), on a log axis where it spans a factor of :data:`LOG_RATIO` or more (a diverging run reaches
+    thousands)."""
     plt = pyplot()
     rows = run["rows"]
     r = _column(rows, "round")
@@ -707,7 +740,7 @@ def figure_accuracy_vs_epsilon(run: dict[str, Any]) -> Figure:
     eps = _column(rows, "epsilon")
     acc = _column(rows, "heldout_accuracy")
     delta = float(rows[-1]["delta"]) if rows else math.nan
-    own = str(rows[-1].get("accountant", "pld")) if rows else "pld"
+    own = str(rows[-1].get("accountant", DEFAULT_ACCOUNTANT)) if rows else DEFAULT_ACCOUNTANT
     fig, ax = plt.subplots(figsize=(WIDTH, 4.8), layout="constrained")
     what = f"Held-out {accuracy_name(run)} against the privacy spent"
     ax.set_ylabel(f"held-out client-level {accuracy_name(run)} (%)")
@@ -1068,7 +1101,9 @@ def overlay_label(run: dict[str, Any], name: str) -> str:
     if "delta" in last and "round" in last:
         eps_text += f" after round {last['round']} (delta {last['delta']:g}, {last.get('accountant', '?')})"
     if privacy:
-        setting.insert(0, f"{privacy.get('mechanism') or 'independent'} noise")
+        mechanism = privacy.get("mechanism")  # a name, or a [privacy.mechanism] table with its options
+        name_of = mechanism.get("name") if isinstance(mechanism, dict) else mechanism
+        setting.insert(0, f"{name_of or 'independent'} noise")
     elif isinstance((run.get("summary") or {}).get("noise_mechanism"), str):  # no config.toml: its summary
         setting.insert(0, run["summary"]["noise_mechanism"].split(";")[0].split(",")[0])
     return ", ".join([f"{name}: {eps_text}", *setting])

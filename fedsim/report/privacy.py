@@ -21,17 +21,21 @@ import argparse
 import json
 import math
 import sys
+from typing import Any
 
 import numpy as np
 
 from fedsim.privacy.accountants import (
     ACCOUNTANTS,
     CERTIFIED,
+    DEFAULT_ACCOUNTANT,
     NOT_PRIVATE_NOTE,
     PAPER_BOUNDS,
     compute_curve,
+    curve_methods,
     epsilon_at,
     method_kind,
+    tightest,
 )
 from fedsim.privacy.certified import pld_checkpoints, quiet_absl
 from fedsim.privacy.errors import PrivacyInputError
@@ -44,11 +48,14 @@ from fedsim.privacy.schedule import (
     calibrate_schedule,
     schedule_bounds,
     schedule_epsilon_detail,
+    schedule_methods,
 )
+from fedsim.privacy.settings import PrivacySettings
 from fedsim.report.rundir import json_safe
-from fedsim.round import NOISE_SOURCES, check_schedule_combination, make_noise_source
+from fedsim.round import NOISE_SOURCES
+from fedsim.round.mechanism_options import MOVED_OPTIONS, check_mechanism_options, option_names
 from fedsim.round.sampling import sampling_names
-from fedsim.validation import NOISE_MULTIPLIER_RANGE, target_out_of_reach
+from fedsim.validation import NOISE_MULTIPLIER_RANGE, parse_value, target_out_of_reach
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
 
@@ -68,9 +75,21 @@ _OPTION = {
     "target_epsilon": "--target-epsilon",
     "min_separation": "--min-separation",
     "max_participations": "--max-participations",
-    "bands": "--bands",
-    "buffers": "--buffers",
 }
+
+
+class _MovedOption(argparse.Action):
+    """A mechanism's option that was a flag of its own (``--bands 4``): refused, naming the ``--option`` it is
+    now (the flag is kept, hidden, so that an old command line gets that answer rather than "unrecognized")."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} moved: give it as --option {self.dest}={values}")
+
+
+def _mechanism_options_help() -> str:
+    """Each registered mechanism's options, for ``--option``'s help."""
+    listed = "; ".join(f"{n}: {', '.join(o)}" for n in NOISE_SOURCES if (o := option_names(n)))
+    return f" ({listed})" if listed else ""
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -103,9 +122,18 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="independent",
         help=f"the noise mechanism: one of {', '.join(NOISE_SOURCES)} (default independent)",
     )
-    p.add_argument("--bands", type=int, default=None, help="banded-mf: bands (default: --min-separation)")
-    p.add_argument("--buffers", type=int, default=None, help="blt: buffers (default 2)")
-    p.add_argument("--estimator", default=None, help="tree: standard or honaker (default standard)")
+    p.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the noise mechanism, repeatable"
+        + _mechanism_options_help()
+        + "; VALUE is read as --set reads it (e.g. --option bands=4; default: the mechanism's own)",
+    )
+    for moved in MOVED_OPTIONS:
+        p.add_argument(f"--{moved}", dest=moved, action=_MovedOption, help=argparse.SUPPRESS)
     p.add_argument(
         "--noise-multiplier",
         type=float,
@@ -120,9 +148,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         nargs="+",
-        default=list(ACCOUNTANTS),
+        default=curve_methods(),
         metavar="METHOD",
-        help=f"accountants to run (default all): {', '.join(ACCOUNTANTS)}",
+        help=f"accountants to run (default all with a curve): {', '.join(curve_methods())}",
     )
     p.add_argument(
         "--target-epsilon",
@@ -190,72 +218,53 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except PrivacyInputError as e:
-        return _fail(
-            _OPTION.get(e.field, "--" + str(e.field).replace("_", "-")),
-            f"{e.value!r} is invalid: {e.allowed}",
-        )
+        return _fail(_flag(e.field, args), f"{e.value!r} is invalid: {e.allowed}")
+
+
+def _flag(field: str, args: argparse.Namespace) -> str:
+    """The command-line option a refused field came from: ``--option bands`` for a mechanism's option (or for
+    options the mechanism's class refused together, ``--option decays/output_scales``)."""
+    given = {item.partition("=")[0].strip() for item in getattr(args, "options", None) or []}
+    if given & set(str(field).split("/")):
+        return f"--option {field}"
+    return _OPTION.get(field, "--" + str(field).replace("_", "-"))
+
+
+def _mechanism_options(items: list[str]) -> dict[str, object]:
+    """``--option`` items (``["bands=4"]``) as the mechanism's options, each value read as ``--set`` reads it
+    (:func:`fedsim.validation.parse_value`); checked against the mechanism by
+    :func:`fedsim.round.mechanism_options.check_mechanism_options`, as a scenario's are."""
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise PrivacyInputError("option", item, "must be KEY=VALUE, e.g. --option bands=4")
+        if key in options:
+            raise PrivacyInputError(key, item, "is given twice")
+        options[key] = parse_value(raw)
+    return options
 
 
 def _run(args: argparse.Namespace) -> int:
+    """The curves of ``fedsim privacy``: check the arguments, calibrate the noise multiplier to
+    ``--target-epsilon`` where asked, and print each accountant's epsilon over the rounds (a table, or JSON with
+    ``--json``). A participation schedule or correlated noise goes to :func:`_scheduled`."""
     methods = list(dict.fromkeys(args.methods))
-    for m in methods:
-        if m not in ACCOUNTANTS:
-            raise PrivacyInputError("method", m, f"must be one of {', '.join(ACCOUNTANTS)}")
-    if args.rounds is None or args.rounds < 1:
-        raise PrivacyInputError("rounds", args.rounds, "must be an integer >= 1")
-    if not (0 < args.delta < 1):
-        raise PrivacyInputError("delta", args.delta, "must be in (0, 1)")
-    if args.noise_multiplier is None and args.target_epsilon is None:
-        raise PrivacyInputError("noise_multiplier", None, "required (or give --target-epsilon to calibrate)")
-    z = args.noise_multiplier if args.noise_multiplier is not None else 1.0
-    mech = Mechanism(
-        population=args.population,
-        sampling=args.sampling,
-        sampling_rate=args.sampling_rate,
-        clients_per_round=args.clients_per_round,
-        clip=args.clip,
-        noise_multiplier=z,
-        noise_placement=args.noise_placement,
-        min_separation=args.min_separation,
-        max_participations=args.max_participations,
-    )
+    settings = _privacy_settings(args, methods)
     T, delta = int(args.rounds), float(args.delta)
-    options = {k: getattr(args, k) for k in ("bands", "buffers", "estimator") if getattr(args, k) is not None}
-    noise = make_noise_source(args.mechanism, 0, **options)
-    if mech.scheme.scheduled or noise.correlated:
+    mech = settings.mechanism_at(args.population)
+    noise = settings.noise_source(0)
+    if settings.scheduled:
         return _run_scheduled(args, mech, noise, T, delta, methods)
 
     calibration = None
     if args.target_epsilon is not None:
-        if not (args.target_epsilon > 0 and math.isfinite(args.target_epsilon)):
-            raise PrivacyInputError("target_epsilon", args.target_epsilon, "must be a positive finite number")
-        calibration = {m: calibrate_noise(mech, args.target_epsilon, delta, T, m) for m in methods}
-        if args.noise_multiplier is None:
-            # the least noise a certified accountant certifies the target at (pld when none was asked for)
-            picks = [m for m in methods if m in CERTIFIED] or ["pld"]
-            found = {
-                m: calibration[m]
-                if m in calibration
-                else calibrate_noise(mech, args.target_epsilon, delta, T, m)
-                for m in picks
-            }
-            met = {m: z for m, z in found.items() if z is not None}
-            if not met or min(met.values()) <= CALIBRATION_RANGE[0]:
-                # not met even at the most noise searched, or already at the least: nothing to calibrate to
-                by = min(met, key=met.get) if met else picks[0]
-                reach = tuple(
-                    epsilon_at(mech.replace(noise_multiplier=zz), T, delta, by) for zz in CALIBRATION_RANGE
-                )
-                raise target_out_of_reach(
-                    "target_epsilon", args.target_epsilon, T, delta, CALIBRATION_RANGE, reach, by
-                )
-            mech = mech.replace(noise_multiplier=min(met.values()))
+        mech, calibration = _calibrate(args, mech, T, delta, methods)
 
     shown = tuple(_checkpoints(T))  # the rounds the table prints: exact there
     curves = {m: compute_curve(mech, T, delta, m, exact_at=shown) for m in methods}
-    cert_method = next(
-        (m for m in ("pld", "rdp", "kairouz", "igmm-corrected", "basic") if m in curves), "pld"
-    )
+    cert_method = tightest(curves) or DEFAULT_ACCOUNTANT
     cert_curve = curves[cert_method] if cert_method in curves else compute_curve(mech, T, delta, cert_method)
     gen = {v: statement_curve(cert_curve.epsilon, delta, mech.population, v) for v in ("uai", "arxiv")}
     audit = audit_closed_forms(mech, T, delta) if any(m in PAPER_BOUNDS for m in methods) else {}
@@ -288,6 +297,72 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _privacy_settings(args: argparse.Namespace, methods: list[str]) -> PrivacySettings:
+    """The arguments as the one privacy-settings object, checked by the rules a scenario is checked by
+    (:mod:`fedsim.privacy.settings`); a :class:`PrivacyInputError` naming the first bad option. Without
+    ``--noise-multiplier`` the settings hold 1 until it is calibrated to ``--target-epsilon``."""
+    for m in methods:
+        if m not in ACCOUNTANTS:
+            raise PrivacyInputError("method", m, f"must be one of {', '.join(ACCOUNTANTS)}")
+    if args.rounds is None or args.rounds < 1:
+        raise PrivacyInputError("rounds", args.rounds, "must be an integer >= 1")
+    if not (0 < args.delta < 1):
+        raise PrivacyInputError("delta", args.delta, "must be in (0, 1)")
+    if args.noise_multiplier is None and args.target_epsilon is None:
+        raise PrivacyInputError("noise_multiplier", None, "required (or give --target-epsilon to calibrate)")
+    settings = PrivacySettings(
+        sampling=args.sampling,
+        sampling_rate=args.sampling_rate,
+        clients_per_round=args.clients_per_round,
+        clip=args.clip,
+        noise_multiplier=args.noise_multiplier if args.noise_multiplier is not None else 1.0,
+        noise_placement=args.noise_placement,
+        mechanism=args.mechanism,
+        mechanism_options=check_mechanism_options(args.mechanism, _mechanism_options(args.options)),
+        min_separation=args.min_separation,
+        max_participations=args.max_participations,
+        delta=float(args.delta),
+        accountant=next((m for m in methods if m in CERTIFIED), DEFAULT_ACCOUNTANT),
+    )
+    if not settings.mechanism_at(args.population).gaussian:
+        kind = settings.noise_class.noise_kind
+        raise PrivacyInputError(
+            "mechanism",
+            args.mechanism,
+            f"draws {kind} noise: fedsim privacy computes curves for Gaussian noise; run a scenario with it (fedsim "
+            f"run), whose ledger its accountants ({', '.join(settings.noise_class.accountants or ())}) account",
+        )
+    return settings
+
+
+def _calibrate(
+    args: argparse.Namespace, mech: Mechanism, T: int, delta: float, methods: list[str]
+) -> tuple[Mechanism, dict[str, float | None]]:
+    """The noise multiplier each method needs for ``--target-epsilon`` after ``T`` rounds, and the mechanism to
+    compute the curves for: ``mech`` as given with ``--noise-multiplier``, else with the least noise a certified
+    accountant certifies the target at. A target out of reach raises (:func:`target_out_of_reach`)."""
+    if not (args.target_epsilon > 0 and math.isfinite(args.target_epsilon)):
+        raise PrivacyInputError("target_epsilon", args.target_epsilon, "must be a positive finite number")
+    calibration = {m: calibrate_noise(mech, args.target_epsilon, delta, T, m) for m in methods}
+    if args.noise_multiplier is not None:
+        return mech, calibration
+    # the least noise a certified accountant certifies the target at (the default when none was asked for)
+    picks = [m for m in methods if m in CERTIFIED] or [DEFAULT_ACCOUNTANT]
+    found = {
+        m: calibration[m] if m in calibration else calibrate_noise(mech, args.target_epsilon, delta, T, m)
+        for m in picks
+    }
+    met = {m: z for m, z in found.items() if z is not None}
+    if not met or min(met.values()) <= CALIBRATION_RANGE[0]:
+        # not met even at the most noise searched, or already at the least: nothing to calibrate to
+        by = min(met, key=met.get) if met else picks[0]
+        reach = tuple(epsilon_at(mech.replace(noise_multiplier=zz), T, delta, by) for zz in CALIBRATION_RANGE)
+        raise target_out_of_reach(
+            "target_epsilon", args.target_epsilon, T, delta, CALIBRATION_RANGE, reach, by
+        )
+    return mech.replace(noise_multiplier=min(met.values())), calibration
+
+
 def _run_scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list[str]) -> int:
     with quiet_absl():
         return _scheduled(args, mech, noise, T, delta, methods)
@@ -297,18 +372,18 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
     """A participation schedule or correlated noise: the certified epsilon of the first t rounds, from the
     schedule's closed-form event (:meth:`fedsim.privacy.ScheduleAccounting.run_event`, what a run's ledger composes
     round by round); the papers' closed forms do not describe these mechanisms."""
-    check_schedule_combination(mech.scheme, noise, noise_placement=mech.noise_placement)
     noise.prepare(T, *schedule_bounds(mech.scheme, mech.min_separation, mech.max_participations))
     accounting = ScheduleAccounting.for_schedule(
         noise, mech.scheme, mech.sampling_rate, mech.min_separation, mech.max_participations
     )
-    certified = [m for m in methods if m in ("pld", "rdp")]
+    certified = [m for m in methods if m in schedule_methods()]
     skipped = [m for m in methods if m not in certified]
     if not certified:
         raise PrivacyInputError(
             "method",
             methods,
-            "a schedule or correlated noise is accounted by pld or rdp only (dp-accounting)",
+            f"a schedule or correlated noise is accounted by {' or '.join(schedule_methods())} only "
+            "(dp-accounting)",
         )
     calibration = None
     notes: list[str] = []
@@ -325,34 +400,7 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
     curves: dict[str, list[float | None]] = {}
     exact_at: dict[str, list[int]] = {}
     for m in certified:
-        # rdp at every round (up to RDP_EVERY_ROUND rounds, then at checkpoints as for independent rounds); pld (a
-        # PLD per point) at the printed rounds; in between, the next one's value (an upper bound: epsilon grows
-        # with t)
-        if m == "rdp":
-            at = (
-                list(range(1, T + 1))
-                if T <= RDP_EVERY_ROUND
-                else sorted({*pld_checkpoints(T, dense=10, ratio=1.1).tolist(), *shown})
-            )
-        else:
-            at = shown
-        values, fell_back = {}, []
-        for t in at:
-            values[t], why = schedule_epsilon_detail(accounting, t, z, delta, m)
-            if why is not None:
-                fell_back.append((t, why))
-        curves[m] = [values[min(p for p in at if p >= t)] for t in range(1, T + 1)]
-        exact_at[m] = list(at)
-        if m == "rdp" and T > RDP_EVERY_ROUND:
-            notes.append(
-                f"rdp: exact at {len(at)} checkpoint rounds; rounds in between report the next checkpoint's "
-                "epsilon (an upper bound)"
-            )
-        if fell_back:
-            notes.append(
-                f"pld: answered with rdp (a valid, looser upper bound) from round {fell_back[0][0]} on: PLD "
-                f"accounting is impractical there ({fell_back[-1][1]})"
-            )
+        curves[m], exact_at[m] = _schedule_curve(accounting, m, T, z, delta, shown, notes)
     _, s_T, exact = (
         accounting.prefix(T) if not accounting.amplified else (0.0, accounting.column_squared, True)
     )
@@ -374,26 +422,70 @@ def _scheduled(args, mech: Mechanism, noise, T: int, delta: float, methods: list
         json.dump(json_safe(doc), sys.stdout, indent=None, allow_nan=False, default=_jsonable)
         sys.stdout.write("\n")
         return 0
+    print(_scheduled_human(doc, mech, shown))
+    return 0
+
+
+def _schedule_curve(
+    accounting: ScheduleAccounting, m: str, T: int, z: float, delta: float, shown: list[int], notes: list[str]
+) -> tuple[list[float | None], list[int]]:
+    """Method ``m``'s epsilon after each of rounds 1..T, and the rounds it was computed at exactly. An accountant
+    cheap per round (rdp) is computed at every round (up to ``RDP_EVERY_ROUND`` rounds, then at checkpoints as for
+    independent rounds); pld (a PLD per point) at the printed rounds; in between, the next one's value (an upper
+    bound: epsilon grows with t). What the reader must know about that is appended to ``notes``."""
+    every_round = ACCOUNTANTS[m].cheap_per_round
+    if every_round:
+        at = (
+            list(range(1, T + 1))
+            if T <= RDP_EVERY_ROUND
+            else sorted({*pld_checkpoints(T, dense=10, ratio=1.1).tolist(), *shown})
+        )
+    else:
+        at = shown
+    values, fell_back = {}, []
+    for t in at:
+        values[t], why = schedule_epsilon_detail(accounting, t, z, delta, m)
+        if why is not None:
+            fell_back.append((t, why))
+    curve = [values[min(p for p in at if p >= t)] for t in range(1, T + 1)]
+    if every_round and T > RDP_EVERY_ROUND:
+        notes.append(
+            f"{m}: exact at {len(at)} checkpoint rounds; rounds in between report the next checkpoint's "
+            "epsilon (an upper bound)"
+        )
+    if fell_back:
+        notes.append(
+            f"pld: answered with rdp (a valid, looser upper bound) from round {fell_back[0][0]} on: PLD "
+            f"accounting is impractical there ({fell_back[-1][1]})"
+        )
+    return curve, list(at)
+
+
+def _scheduled_human(doc: dict[str, Any], mech: Mechanism, shown: list[int]) -> str:
+    """What :func:`_scheduled` prints without ``--json``: its JSON document ``doc`` as text (the mechanism, the
+    calibrated noise multipliers, epsilon at the ``shown`` rounds, the notes and the methods not shown)."""
+    z, T, delta = doc["mechanism"]["noise_multiplier"], doc["rounds"], doc["delta"]
+    curves = {m: v["epsilon"] for m, v in doc["methods"].items()}
+    skipped = list(doc["not_applicable"])
     lines = [
         f"population {mech.population}, {mech.scheme.describe(mech)}, add-remove, clip {mech.clip:g}, noise "
         f"multiplier {z:.4g}, delta {delta:g}, {T} rounds",
-        f"mechanism: {accounting.describe()}",
-        f"sensitivity ({doc['sensitivity_describes']}): {math.sqrt(s_T):.6g} x clip"
-        + ("" if exact else " (an upper bound)"),
+        f"mechanism: {doc['accounting']}",
+        f"sensitivity ({doc['sensitivity_describes']}): {doc['sensitivity']:.6g} x clip"
+        + ("" if doc["sensitivity_exact"] else " (an upper bound)"),
     ]
-    if calibration is not None:
-        lines += ["", f"noise multiplier for epsilon <= {args.target_epsilon:g} after {T} rounds:"]
-        lines += [f"  {m:<15} {v:.4g}" for m, v in calibration.items()]
+    if doc["calibration"] is not None:
+        lines += ["", f"noise multiplier for epsilon <= {doc['target_epsilon']:g} after {T} rounds:"]
+        lines += [f"  {m:<15} {v:.4g}" for m, v in doc["calibration"].items()]
     lines += ["", "  ".join(["round".rjust(6)] + [m.rjust(10) for m in curves])]
     for t in shown:
         lines.append("  ".join([str(t).rjust(6)] + [_cell(curves[m][t - 1]).rjust(10) for m in curves]))
     lines.append("")
     lines.append("epsilon at the given delta, certified by dp-accounting")
-    lines += notes
+    lines += doc["notes"]
     if skipped:
         lines.append(f"not shown: {', '.join(skipped)} (the papers' closed forms analyse independent rounds)")
-    print("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def _jsonable(v):

@@ -3,6 +3,11 @@
 A row holds the private quantities at its top level (the noised releases and functions of them, the certified
 epsilon, the paper bounds beside it, held-out metrics of the released model, public parameters) and everything
 epsilon does not cover under ``non_private`` (:data:`NON_PRIVATE`).
+
+What a row's paper bounds mean (:func:`paper_bounds`, :func:`round_mechanisms`, :func:`audit`) lives with the
+privacy code (:mod:`fedsim.privacy.row_bounds`), and the client-level means of evaluation rows with the evaluation
+that makes them (:func:`fedsim.training.evaluation.client_means`), where a client app imports them without this
+package; both are importable from here too.
 """
 
 from __future__ import annotations
@@ -13,49 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy import Mechanism, PrivacyInputError, compose_same_cohort, epsilon_curve
-from fedsim.privacy.paper import audit_closed_forms, generalization_statement, min_population
-from fedsim.report.rundir import INFINITE, NON_PRIVATE, REASON_SUFFIX
-from fedsim.training.evaluation import COL
-
-
-def round_mechanisms(strategy: Any, population: int) -> dict[str, Mechanism]:
-    """The scenario's nominal mechanisms: ``model`` (the model release alone, what the papers analyse) and
-    ``round`` (every release of a round on its cohort, composed: model plus adaptive clipping's count or
-    agnostic FL's domain losses), which is what the ledger accounts. A run accounted over a participation schedule
-    or with correlated noise has no per-round mechanism that the papers' closed forms describe: an error says so
-    (the paper bounds and the audit then report it instead of a number)."""
-    if getattr(strategy, "scheduled", False):
-        accounting = strategy.accounting
-        raise PrivacyInputError(
-            "privacy",
-            accounting.describe() if accounting is not None else strategy.sampling,
-            "the papers' closed forms (IGMM, its correction, the generalization population) analyse independent "
-            "rounds under poisson, fixed or all sampling; this run is accounted over its schedule by dp-accounting",
-        )
-    model = strategy.mechanism(population)
-    return {"model": model, "round": compose_same_cohort(m for _, m in strategy.round_releases(model))}
-
-
-def paper_bounds(strategy: Any, population: int, rounds: int, delta: float) -> dict[str, np.ndarray]:
-    """The closed-form bounds per round: ``igmm`` as printed for the model release (the paper's claim),
-    ``igmm-corrected`` (a valid closed-form bound) for all of a round's releases composed."""
-    out = {}
-    try:
-        mechs = round_mechanisms(strategy, population)
-    except PrivacyInputError as exc:  # a schedule or correlated noise: the papers make no statement
-        return {
-            **{m: np.full(rounds, math.nan) for m in ("igmm", "igmm-corrected")},
-            **{m + ":error": exc.allowed for m in ("igmm", "igmm-corrected")},
-        }
-    for method, mech in (("igmm", mechs["model"]), ("igmm-corrected", mechs["round"])):
-        try:
-            out[method] = np.asarray(epsilon_curve(mech, rounds, delta, method=method), dtype=float)
-        except Exception as exc:  # a paper bound outside its domain must never stop a run
-            out[method] = np.full(rounds, math.nan)
-            out[method + ":error"] = str(exc)  # type: ignore[assignment]
-    return out
-
+from fedsim.labels import INFINITE, NON_PRIVATE, REASON_SUFFIX
+from fedsim.privacy.row_bounds import audit
+from fedsim.privacy.row_bounds import paper_bounds as paper_bounds
+from fedsim.privacy.row_bounds import privacy_columns as privacy_columns
+from fedsim.privacy.row_bounds import round_mechanisms as round_mechanisms
+from fedsim.training.evaluation import client_means, domain_means
 
 #: opens the group of a console row that epsilon does not cover (the row's ``non_private``); ``]`` closes it
 CONSOLE_NON_PRIVATE = "[non-private:"
@@ -160,18 +128,6 @@ def merge_columns(row: dict[str, Any], cols: dict[str, Any]) -> dict[str, Any]:
     if diag:  # in place: the loop keeps adding to the row's non_private dict after evaluation (round_time_s)
         row.setdefault(NON_PRIVATE, {}).update(diag)
     return row
-
-
-def privacy_columns(
-    round_: int, epsilon: float, bounds: dict[str, np.ndarray], delta: float, population: int
-) -> dict[str, Any]:
-    """The paper bounds beside the certified epsilon, and the generalization statement it implies."""
-    cols: dict[str, Any] = {}
-    for method in ("igmm", "igmm-corrected"):
-        v = float(bounds[method][round_ - 1])
-        cols[f"paper_epsilon_{method}"] = v if math.isfinite(v) else None
-    cols["generalization"] = generalization_statement(epsilon, delta, population)
-    return cols
 
 
 PRIVACY_SCOPE = (
@@ -369,57 +325,3 @@ def summary_timings(summary: dict[str, Any]) -> dict[str, Any]:
     diag = summary.get(NON_PRIVATE)
     t = diag.get("timings") if isinstance(diag, dict) else summary.get("timings")
     return t if isinstance(t, dict) else {}
-
-
-def audit(scenario: Any, strategy: Any, population: int) -> dict[str, Any]:
-    """Verdicts on the closed-form paper bounds for the scenario's nominal model release, and how many clients
-    the generalization statement would need for all of a round's releases (``None``: no population suffices
-    at this epsilon)."""
-    out: dict[str, Any] = {}
-    try:
-        mechs = round_mechanisms(strategy, population)
-        found = audit_closed_forms(mechs["model"], scenario.rounds, scenario.privacy.delta)
-        out["verdicts"] = {k: v.get("verdict") for k, v in found.items() if isinstance(v, dict)}
-        out["verdicts_describe"] = "the model release alone, as the papers state their theorems"
-        out["min_population_for_statement"] = min_population(
-            mechs["round"], scenario.rounds, scenario.privacy.delta
-        )
-        out["min_population_describes"] = "all of a round's releases composed (what the ledger accounts)"
-    except PrivacyInputError as exc:  # a schedule or correlated noise: what was run, and why no paper bound
-        out["error"] = f"{exc.value}: {exc.allowed}"
-    except Exception as exc:  # the audit explains paper bounds; it must never cost a run its results
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    return out
-
-
-def client_means(rows: np.ndarray) -> dict[str, Any]:
-    """Client-level means of evaluation rows (:data:`fedsim.training.evaluation.COLUMNS`): each client weighs the
-    same, the unit of privacy and of generalization. ``loss``: the mean over clients of their mean per-example
-    loss; ``accuracy``: of ``correct / scored`` (token accuracy for a sequence task); for a sequence task with the
-    default cross-entropy, ``perplexity``: ``exp`` of the mean over clients of their per-token negative
-    log-likelihood; with a ``model.metric``, ``metric``: the mean over clients of its per-example mean."""
-    rows = rows[rows[:, COL["examples"]] > 0]
-    if rows.size == 0:
-        return {"loss": math.nan, "accuracy": math.nan, "clients": 0}
-    n, scored = rows[:, COL["examples"]], rows[:, COL["scored"]]
-    out: dict[str, Any] = {"loss": float((rows[:, COL["loss_sum"]] / n).mean())}
-    with np.errstate(invalid="ignore", divide="ignore"):
-        acc = rows[:, COL["correct"]] / scored
-        nll = rows[:, COL["nll_sum"]] / scored
-    acc, nll = acc[np.isfinite(acc)], nll[np.isfinite(nll)]
-    out["accuracy"] = float(acc.mean()) if acc.size else math.nan
-    if nll.size:
-        out["perplexity"] = float(math.exp(min(nll.mean(), 700.0)))
-    metric = rows[:, COL["metric_sum"]]
-    if np.isfinite(metric).any():
-        out["metric"] = float(np.nanmean(metric / n))
-    out["clients"] = int(rows.shape[0])
-    return out
-
-
-def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:
-    """:func:`client_means` per domain (index = domain)."""
-    doms = (
-        np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
-    )
-    return [client_means(rows[doms == d]) for d in range(int(data.num_domains))]

@@ -23,15 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from fedsim.labels import INFINITE, NON_PRIVATE, REASON_SUFFIX  # defined here before: importable from here
+
 from .provenance import provenance
 
 log = logging.getLogger(__name__)
 
-
-#: beside a key whose value was infinite (and is written as null): ``"<key>_reason"``
-REASON_SUFFIX = "_reason"
-#: the reason written for +inf (``"-infinite"`` for -inf); NaN (undefined) is null with no reason
-INFINITE = "infinite"
 
 #: what ``data.json`` keeps at its top level: the scenario's settings, public sizes (population, domains, held-out
 #: clients) and what the seed alone draws. Every other key of the partition's description (exact statistics of the
@@ -85,8 +82,6 @@ DATA_NOTE = (
     "exact statistics of the clients' data (the partition: examples per client, label entropy, totals); "
     "epsilon does not cover them"
 )
-#: where a row, summary.json and data.json keep what epsilon does NOT cover (the strategies' metrics use the same key)
-NON_PRIVATE = "non_private"
 #: the run's log: what libraries said while the run trained and evaluated (:class:`TorchWarnings`), one entry a line
 RUN_LOG = "run.log"
 

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,401 @@ def _redundant_with_x(key: str, members: list[SettingSummary]) -> bool:
     )
 
 
+def _line_value(s: SettingSummary | dict[str, Any], line: str | None) -> str | None:
+    """The value of the ``line`` key of a setting (or of a setting's summary) as written; None without lines."""
+    setting = s if isinstance(s, dict) else s.setting
+    return _value_text(setting.get(line)) if line else None
+
+
+def _same_epsilon(a: float, b: float) -> bool:
+    """Within :data:`EPSILON_TOLERANCE` of each other: epsilons calibrated to one target land within a fraction
+    of a percent of it, and are one epsilon."""
+    return abs(a - b) <= EPSILON_TOLERANCE * max(abs(a), abs(b), 1e-12)
+
+
+def _point_text(s: SettingSummary, keys: list[str]) -> str:
+    return ", ".join(f"{_short(k)}={_value_text(s.setting.get(k))}" for k in keys)
+
+
+def _legend_text(name: str) -> str:
+    """A legend entry wrapped to the width of the legend beside the axes, its own line breaks kept."""
+    return "\n".join(textwrap.fill(part, 44) for part in name.split("\n"))
+
+
+@dataclass
+class _XAxis:
+    """What the top panel's x is, and where each point of it goes.
+
+    x is the certified epsilon unless epsilon does not tell the settings apart (``collapsed``: two settings of a
+    line share their epsilon, every private setting has the same one, or no setting is private); then it is the
+    one varied grid key where that key is numeric (``numeric_key``), else the setting as a category."""
+
+    collapsed: bool
+    #: the x where ``collapsed`` and one numeric grid key is varied
+    numeric_key: str | None
+    #: the grid keys other than the line's whose value differs between the points
+    varied: list[str]
+    #: the categories' names in x order, where x is the setting
+    categories: list[str]
+    #: each point's x, by its setting's slug
+    xs_of: dict[str, float]
+    #: whether lines have points at one x, so that each line's marks are shifted sideways
+    dodged: bool
+    #: the sideways distance (points) between two lines' marks where ``dodged``
+    step: float
+    #: each line's sideways shift (points), 0 where not ``dodged``
+    shift: dict[str | None, float]
+    #: the grid keys a point's label names (not those the x already shows)
+    label_keys: list[str]
+    #: the private settings' distinct epsilons, in order
+    eps_all: list[float]
+
+    @property
+    def categorical(self) -> bool:
+        """x is the setting: no line joins its points."""
+        return self.collapsed and not self.numeric_key
+
+
+def _numeric_key(varied: list[str], points: list[SettingSummary]) -> str | None:
+    """The varied grid key where it is the only one and every point's value of it is a number, else None."""
+    if len(varied) != 1:
+        return None
+    values = [s.setting.get(varied[0]) for s in points]
+    return varied[0] if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values) else None
+
+
+def _is_dodged(points: list[SettingSummary], x: dict[str, float], line: str | None, collapsed: bool) -> bool:
+    """Whether points of two lines share their x (``x`` by setting slug; epsilons within
+    :data:`EPSILON_TOLERANCE` are one x), so that one line's error bars would hide the other's."""
+
+    def at(s: SettingSummary) -> float:
+        return x[_slug(s.setting)]
+
+    return any(
+        _line_value(a, line) != _line_value(b, line)
+        and (_same_epsilon(at(a), at(b)) if not collapsed else at(a) == at(b))
+        for a, b in itertools.combinations(points, 2)
+    )
+
+
+def _x_axis(
+    runs: list[SweepRun],
+    points: list[SettingSummary],
+    private: list[SettingSummary],
+    groups: dict[str | None, list[SettingSummary]],
+    line: str | None,
+) -> _XAxis:
+    """The top panel's x (:class:`_XAxis`) for the ``points`` drawn with bars, grouped in lines by ``groups``."""
+    only_baselines = not private
+    point_keys = [k for k in _setting_keys(runs) if k != line]
+    varied = [k for k in point_keys if len({json.dumps(s.setting.get(k)) for s in points}) > 1]
+    eps_values = [s.eps_max for s in private]
+    collapsed = (
+        only_baselines
+        or any(
+            _same_epsilon(a.eps_max, b.eps_max)
+            for members in groups.values()
+            for a, b in itertools.combinations(members, 2)
+        )
+        or (len(private) > 1 and _same_epsilon(min(eps_values), max(eps_values)))
+    )
+    numeric_key = _numeric_key(varied, points)
+    categories: list[str] = []
+
+    def x_of(s: SettingSummary) -> float:
+        if not collapsed:
+            return float(s.eps_max)
+        if numeric_key:
+            return float(s.setting[numeric_key])
+        text = _point_text(s, varied) or _line_value(s, line) or _slug(s.setting)
+        if text not in categories:
+            categories.append(text)
+        return float(categories.index(text))
+
+    xs_of = {_slug(s.setting): x_of(s) for s in points}
+    dodged = len(groups) > 1 and _is_dodged(points, xs_of, line, collapsed)
+    step = min(DODGE, DODGE_SPAN / max(len(groups) - 1, 1))
+    return _XAxis(
+        collapsed=collapsed,
+        numeric_key=numeric_key,
+        varied=varied,
+        categories=categories,
+        xs_of=xs_of,
+        dodged=dodged,
+        step=step,
+        shift={
+            name: ((i - (len(groups) - 1) / 2) * step if dodged else 0.0) for i, name in enumerate(groups)
+        },
+        label_keys=[k for k in varied if collapsed or not _redundant_with_x(k, points)],
+        eps_all=sorted({s.eps_max for s in private}),
+    )
+
+
+def _line_colors(
+    groups: dict[str | None, list[SettingSummary]],
+    baseline: list[SettingSummary],
+    line: str | None,
+    only_baselines: bool,
+) -> dict[str | None, str]:
+    """A colour per line, matplotlib's cycle in the lines' order; beside private lines, a baseline on a line of
+    its own takes the next colour (without lines, baselines are drawn in a neutral grey)."""
+    colors = {name: f"C{i % 10}" for i, name in enumerate(groups)}
+    if not only_baselines and line:
+        for b in baseline:
+            colors.setdefault(_line_value(b, line), f"C{len(colors) % 10}")
+    return colors
+
+
+def _line_label(
+    name: str | None, members: list[SettingSummary], line: str | None, only_baselines: bool, x: _XAxis
+) -> str:
+    """A line's legend entry: its value of ``line`` (what kind of setting it is without lines), and its
+    epsilons where x is not epsilon and the lines differ in it."""
+    if only_baselines:
+        label = _baseline_label(members[0]) + (f", {line} = {name}" if line else "")
+    else:
+        label = f"{line} = {name}" if line else "DP-FedAvg (private)"
+    if x.collapsed and len(x.eps_all) > 1:  # the lines differ in epsilon: each says its own
+        eps = sorted({s.eps_max for s in members})
+        label += f", epsilon {eps[0]:.3g}" + (f"-{eps[-1]:.3g}" if len(eps) > 1 else "")
+    return label
+
+
+def _draw_lines(
+    ax: Any,
+    groups: dict[str | None, list[SettingSummary]],
+    colors: dict[str | None, str],
+    x: _XAxis,
+    line: str | None,
+    only_baselines: bool,
+) -> tuple[list[Any], list[str], list[Label]]:
+    """Each line of points: the means over seeds with their bars, joined unless x is categorical, and the
+    seeds as faint dots, all shifted by the line's :attr:`_XAxis.shift`. Returns the legend's handles and names
+    and the point labels to place once the figure is laid out."""
+    handles: list[Any] = []
+    names: list[str] = []
+    labels: list[Label] = []
+    for name, members in groups.items():
+        members = sorted(members, key=lambda s: x.xs_of[_slug(s.setting)])
+        xs = np.array([x.xs_of[_slug(s.setting)] for s in members])
+        ys = np.array([100 * s.mean for s in members])
+        err = np.array([100 * (s.half or 0.0) for s in members])
+        color = colors[name]
+        moved = _offset(ax, x.shift[name])
+        for s, at in zip(members, xs, strict=True):
+            seeds = [100 * r.result[MEAN] for r in s.used]
+            dots = ax.scatter([at] * len(seeds), seeds, s=14, alpha=0.45, color=color, linewidths=0, zorder=2)
+            dots.set_offset_transform(moved)
+            if not x.collapsed and x.label_keys:
+                labels.append((at, 100 * s.mean, _point_text(s, x.label_keys), color, x.shift[name]))
+        label = _line_label(name, members, line, only_baselines, x)
+        bars = ax.errorbar(
+            xs,
+            ys,
+            yerr=err if err.any() else None,
+            fmt="o" if x.categorical else "o-",
+            capsize=3,
+            color=color,
+            label=label,
+            zorder=3,
+            transform=moved,
+        )
+        handles.append(bars)
+        names.append(label)
+    return handles, names, labels
+
+
+def _baseline_line_label(
+    name: str | None,
+    same: list[SettingSummary],
+    runs: list[SweepRun],
+    line: str | None,
+    twins: int,
+) -> str:
+    """The legend entry of a baseline drawn once for the settings ``same`` (one result seed by seed): what it
+    is, its line, the grid values it stands for where several, and its fixed settings where ``twins`` (the
+    distinct baselines on its line) are more than one."""
+    b = same[0]
+    label = _baseline_label(b) + (f", {line} = {name}" if line else "")
+    others = [
+        k for k in _setting_keys(runs) if k != line and len({_value_text(o.setting.get(k)) for o in same}) > 1
+    ]
+    if len(same) > 1:  # the same runs under several grid values: one line, and the label says which
+        label += "; the same result at " + "; ".join(
+            f"{_short(k)} = {', '.join(dict.fromkeys(_value_text(o.setting.get(k)) for o in same))}"
+            for k in others
+        )
+    if twins > 1:  # several distinct baselines on one line: say which settings each is
+        fixed = [k for k in b.setting if k != line and k not in others]
+        label += ", " + ", ".join(f"{_short(k)}={_value_text(b.setting[k])}" for k in fixed)
+    return label
+
+
+def _draw_baselines(
+    ax: Any,
+    runs: list[SweepRun],
+    baseline: list[SettingSummary],
+    colors: dict[str | None, str],
+    line: str | None,
+) -> tuple[list[Any], list[str]]:
+    """The baselines beside private settings: one dashed line per distinct result (settings whose runs gave
+    the same result seed by seed are one line), its 95% interval a light band with dotted edges. Returns the
+    legend's handles and names."""
+    from matplotlib.patches import Patch
+
+    distinct: dict[tuple, list[SettingSummary]] = {}
+    for b in baseline:
+        result = tuple(sorted((r.seed, round(float(r.result[MEAN]), 12)) for r in b.used))
+        distinct.setdefault((_line_value(b, line), result), []).append(b)
+    handles: list[Any] = []
+    names: list[str] = []
+    for (name, _), same in distinct.items():
+        b = same[0]
+        color = colors[name] if line else "0.2"
+        y = 100 * b.mean
+        label = _baseline_line_label(name, same, runs, line, sum(key[0] == name for key in distinct))
+        dash = ax.axhline(y, ls="--", lw=1.4, color=color, zorder=2, label=label)
+        if b.half is not None:
+            ax.axhspan(y - 100 * b.half, y + 100 * b.half, color=color, alpha=0.08, lw=0, zorder=1)
+            for edge in (y - 100 * b.half, y + 100 * b.half):
+                ax.axhline(edge, ls=":", lw=0.8, color=color, alpha=0.8, zorder=1)
+            band = Patch(facecolor=color, alpha=0.25, edgecolor=color, linestyle=":")
+            handles.append((band, dash))
+            spread = f"band: 95% t interval over {b.n} seeds"
+        else:
+            handles.append(dash)
+            spread = "n=1, no interval"
+        names.append(f"{label}\n({spread})")
+    return handles, names
+
+
+def _seed_range(settings: list[SettingSummary]) -> tuple[str, int]:
+    """The settings' numbers of seeds as text (``5``, or ``3-5`` where they differ), and the largest."""
+    n_seeds = sorted({s.n for s in settings})
+    return (f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}"), n_seeds[-1]
+
+
+def _title_text(title: str, settings: list[SettingSummary], x: _XAxis, only_baselines: bool) -> str:
+    """The figure's title: the sweep, its settings and seeds, and, where x is not epsilon, why."""
+    seeds, most = _seed_range(settings)
+    text = (
+        f"{title}: privacy-utility, {len(settings)} setting{'s' if len(settings) != 1 else ''} x {seeds} "
+        f"seed{'s' if most != 1 else ''}"
+    )
+    if x.collapsed and not only_baselines:
+        against = x.numeric_key or "the setting"
+        text += (
+            f"; epsilon is the same ({x.eps_all[0]:.3g}) for every private setting, so accuracy is plotted against "
+            f"{against}"
+            if len(x.eps_all) == 1
+            else f"; settings of one line share their epsilon, so accuracy is plotted against {against}"
+        )
+        if not x.numeric_key and len(x.varied) > 1:
+            text += f" (--line {x.varied[-1]}: one line per value)"
+    return text
+
+
+def _label_axes(
+    ax: Any,
+    bottom: Any,
+    runs: list[SweepRun],
+    settings: list[SettingSummary],
+    first: dict[str, Any],
+    x: _XAxis,
+    *,
+    title: str,
+    last: int,
+    only_baselines: bool,
+) -> None:
+    """The top panel's scale, axis labels (the x label on the ``bottom`` panel), title and limits; ``first``
+    is a run's result, whose delta and accountant the epsilon axis names."""
+    from fedsim.report.plots import readable_log_ticks
+
+    if not x.collapsed and len(x.eps_all) > 1 and x.eps_all[-1] > 10 * max(x.eps_all[0], 1e-12):
+        ax.set_xscale("log")
+        readable_log_ticks(ax, "x")  # 2, 3, 5, 10, 20 rather than 10^0 and 10^1 only
+    if x.collapsed:
+        if x.numeric_key:
+            bottom.set_xlabel(x.numeric_key)
+        else:
+            bottom.set_xticks(range(len(x.categories)), x.categories, rotation=20, ha="right", fontsize=8)
+            bottom.set_xlabel(
+                "setting (no private setting: epsilon is infinite for every run)"
+                if only_baselines
+                else "setting"
+            )
+        if len(x.categories) > 0:
+            ax.set_xlim(-0.6, len(x.categories) - 0.4)
+    else:
+        bottom.set_xlabel(
+            f"certified epsilon after the final round, delta = {first.get('delta')} ({first.get('accountant')})"
+        )
+    ax.set_ylabel(f"held-out client-level {_accuracy_name(runs)} (%)\n{statistic(last)}")
+    ax.set_title(
+        textwrap.fill(_title_text(title, settings, x, only_baselines), 80, break_on_hyphens=False),
+        fontsize=10,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    lo, hi = ax.get_ylim()  # an interval over few seeds can reach past what an accuracy can be
+    ax.set_ylim(max(lo, -2.0), min(hi, 102.0))
+
+
+def _point_notes(settings: list[SettingSummary], x: _XAxis, last: int) -> list[str]:
+    """The notes under the figure on the top panel's points: what y, the points, bars and dots are, and the
+    sideways shift where the lines are dodged."""
+    notes = [
+        f"y: per run, {statistic(last)}; points: mean over seeds, "
+        + ("bars: 95% Student t interval over seeds" if _seed_range(settings)[1] > 1 else "n=1, no interval")
+        + "; faint dots: seeds"
+    ]
+    if x.dodged:
+        notes.append(
+            f"points of the lines at one {'epsilon' if not x.collapsed else 'x'} are shifted sideways "
+            f"({x.step:g} pt apart) so that their bars do not overlap"
+        )
+    return notes
+
+
+def _legend_and_notes(fig: Any, ax: Any, handles: list[Any], names: list[str], notes: list[str]) -> None:
+    """The top panel's legend beside it (a baseline's handle is its band and dashed line together) and the
+    notes under the figure."""
+    from matplotlib.legend_handler import HandlerTuple
+
+    ax.legend(
+        handles,
+        [_legend_text(n) for n in names],
+        handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)},
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=7.5,
+        borderaxespad=0.0,
+        handlelength=2.4,
+    )
+    fig.text(
+        0.0,
+        0.0,
+        "\n".join(textwrap.fill(n, 130, subsequent_indent="  ") for n in notes),
+        fontsize=7,
+        va="top",
+        ha="left",
+        color="0.2",
+    )
+
+
+def _figure(paired: bool) -> tuple[Any, Any, Any]:
+    """The figure, its top axes and, where ``paired``, the paired differences' axes under it (sharing x)."""
+    from fedsim.report.plots import pyplot
+
+    plt = pyplot()
+    if paired:
+        fig, (ax, dax) = plt.subplots(
+            2, 1, figsize=(8.6, 7.2), dpi=DPI, sharex=True, height_ratios=[3, 2], layout="constrained"
+        )
+        return fig, ax, dax
+    fig, ax = plt.subplots(figsize=(8.6, 4.8), dpi=DPI, layout="constrained")
+    return fig, ax, None
+
+
 def privacy_utility_figure(
     runs: list[SweepRun],
     *,
@@ -248,11 +644,7 @@ def privacy_utility_figure(
     differences and ``k/n``: the seeds of the n paired in which the difference has the sign of its mean. The
     reference is the named zero line. Notes (the statistic, the samplings, what a label means) are under the
     figure. Call :func:`add_statistics` first."""
-    from matplotlib.legend_handler import HandlerTuple
-    from matplotlib.patches import Patch
-
     from fedsim.report import sweep_table
-    from fedsim.report.plots import pyplot, readable_log_ticks
 
     settings = [s for s in summarise_settings(runs) if s.n and s.mean is not None]
     private = [s for s in settings if s.private is not False and _finite(s.eps_max)]
@@ -266,244 +658,41 @@ def privacy_utility_figure(
     pairs = [
         p for p in sweep_table.paired_to_reference(runs, reference_of, line) if p.n and p.mean is not None
     ]
-    plt = pyplot()
-    if pairs:
-        fig, (ax, dax) = plt.subplots(
-            2, 1, figsize=(8.6, 7.2), dpi=DPI, sharex=True, height_ratios=[3, 2], layout="constrained"
-        )
-    else:
-        fig, ax = plt.subplots(figsize=(8.6, 4.8), dpi=DPI, layout="constrained")
-        dax = None
-
-    def line_of(s: SettingSummary | dict[str, Any]) -> str | None:  # the line's value as written
-        setting = s if isinstance(s, dict) else s.setting
-        return _value_text(setting.get(line)) if line else None
-
+    fig, ax, dax = _figure(bool(pairs))
     groups: dict[str | None, list[SettingSummary]] = {}
     for s in points:
-        groups.setdefault(line_of(s), []).append(s)
-    colors = {name: f"C{i % 10}" for i, name in enumerate(groups)}
+        groups.setdefault(_line_value(s, line), []).append(s)
+    colors = _line_colors(groups, baseline, line, only_baselines)
+    x = _x_axis(runs, points, private, groups, line)
+    handles, names, labels = _draw_lines(ax, groups, colors, x, line, only_baselines)
     if not only_baselines:
-        for b in baseline:  # a baseline on a line takes its colour; without lines, a neutral one
-            if line:
-                colors.setdefault(line_of(b), f"C{len(colors) % 10}")
-    point_keys = [k for k in _setting_keys(runs) if k != line]
-    varied = [k for k in point_keys if len({json.dumps(s.setting.get(k)) for s in points}) > 1]
-
-    def close(a: float, b: float) -> bool:  # epsilons calibrated to one target land within a fraction of a %
-        return abs(a - b) <= EPSILON_TOLERANCE * max(abs(a), abs(b), 1e-12)
-
-    eps_values = [s.eps_max for s in private]
-    collapsed = (
-        only_baselines
-        or any(
-            close(a.eps_max, b.eps_max)
-            for members in groups.values()
-            for a, b in itertools.combinations(members, 2)
-        )
-        or (len(private) > 1 and close(min(eps_values), max(eps_values)))
+        more_handles, more_names = _draw_baselines(ax, runs, baseline, colors, line)
+        handles += more_handles
+        names += more_names
+    _label_axes(
+        ax,
+        dax if dax is not None else ax,
+        runs,
+        settings,
+        points[0].used[0].result,
+        x,
+        title=title,
+        last=last,
+        only_baselines=only_baselines,
     )
-    numeric_key = (
-        varied[0]
-        if len(varied) == 1
-        and all(
-            isinstance(s.setting.get(varied[0]), int | float)
-            and not isinstance(s.setting.get(varied[0]), bool)
-            for s in points
-        )
-        else None
-    )
-    categories: list[str] = []
-
-    def point_text(s: SettingSummary, keys: list[str]) -> str:
-        return ", ".join(f"{_short(k)}={_value_text(s.setting.get(k))}" for k in keys)
-
-    def x_of(s: SettingSummary) -> float:
-        if not collapsed:
-            return float(s.eps_max)
-        if numeric_key:
-            return float(s.setting[numeric_key])
-        text = point_text(s, varied) or line_of(s) or _slug(s.setting)
-        if text not in categories:
-            categories.append(text)
-        return float(categories.index(text))
-
-    xs_of = {_slug(s.setting): x_of(s) for s in points}
-    # lines with points at the same x are shifted sideways, each by its own amount
-    dodged = len(groups) > 1 and any(
-        line_of(a) != line_of(b)
-        and (
-            close(xs_of[_slug(a.setting)], xs_of[_slug(b.setting)])
-            if not collapsed
-            else xs_of[_slug(a.setting)] == xs_of[_slug(b.setting)]
-        )
-        for a, b in itertools.combinations(points, 2)
-    )
-    step = min(DODGE, DODGE_SPAN / max(len(groups) - 1, 1))
-    shift = {name: ((i - (len(groups) - 1) / 2) * step if dodged else 0.0) for i, name in enumerate(groups)}
-
-    categorical = collapsed and not numeric_key  # x is the setting: no line joins its points
-    label_keys = [k for k in varied if collapsed or not _redundant_with_x(k, points)]
-    labels: list[Label] = []
-    eps_all = sorted({s.eps_max for s in private})
-    handles: list[Any] = []
-    names: list[str] = []
-    for name, members in groups.items():
-        members = sorted(members, key=lambda s: xs_of[_slug(s.setting)])
-        xs = np.array([xs_of[_slug(s.setting)] for s in members])
-        ys = np.array([100 * s.mean for s in members])
-        err = np.array([100 * (s.half or 0.0) for s in members])
-        color = colors[name]
-        moved = _offset(ax, shift[name])
-        for s, x in zip(members, xs, strict=True):
-            seeds = [100 * r.result[MEAN] for r in s.used]
-            dots = ax.scatter([x] * len(seeds), seeds, s=14, alpha=0.45, color=color, linewidths=0, zorder=2)
-            dots.set_offset_transform(moved)
-            if not collapsed and label_keys:
-                labels.append((x, 100 * s.mean, point_text(s, label_keys), color, shift[name]))
-        if only_baselines:
-            label = _baseline_label(members[0]) + (f", {line} = {name}" if line else "")
-        else:
-            label = f"{line} = {name}" if line else "DP-FedAvg (private)"
-        if collapsed and len(eps_all) > 1:  # the lines differ in epsilon: each says its own
-            eps = sorted({s.eps_max for s in members})
-            label += f", epsilon {eps[0]:.3g}" + (f"-{eps[-1]:.3g}" if len(eps) > 1 else "")
-        bars = ax.errorbar(
-            xs,
-            ys,
-            yerr=err if err.any() else None,
-            fmt="o" if categorical else "o-",
-            capsize=3,
-            color=color,
-            label=label,
-            zorder=3,
-            transform=moved,
-        )
-        handles.append(bars)
-        names.append(label)
-
-    # the baselines of a sweep with private settings: one dashed line per distinct result
-    distinct: dict[tuple, list[SettingSummary]] = {}
-    if not only_baselines:
-        for b in baseline:
-            result = tuple(sorted((r.seed, round(float(r.result[MEAN]), 12)) for r in b.used))
-            distinct.setdefault((line_of(b), result), []).append(b)
-    for (name, _), same in distinct.items():
-        b = same[0]
-        color = colors[name] if line else "0.2"
-        y = 100 * b.mean
-        label = _baseline_label(b) + (f", {line} = {name}" if line else "")
-        others = [
-            k
-            for k in _setting_keys(runs)
-            if k != line and len({_value_text(o.setting.get(k)) for o in same}) > 1
-        ]
-        if len(same) > 1:  # the same runs under several grid values: one line, and the label says which
-            label += "; the same result at " + "; ".join(
-                f"{_short(k)} = {', '.join(dict.fromkeys(_value_text(o.setting.get(k)) for o in same))}"
-                for k in others
-            )
-        twins = [key for key in distinct if key[0] == name]
-        if len(twins) > 1:  # several distinct baselines on one line: say which settings each is
-            fixed = [k for k in b.setting if k != line and k not in others]
-            label += ", " + ", ".join(f"{_short(k)}={_value_text(b.setting[k])}" for k in fixed)
-        dash = ax.axhline(y, ls="--", lw=1.4, color=color, zorder=2, label=label)
-        if b.half is not None:
-            ax.axhspan(y - 100 * b.half, y + 100 * b.half, color=color, alpha=0.08, lw=0, zorder=1)
-            for edge in (y - 100 * b.half, y + 100 * b.half):
-                ax.axhline(edge, ls=":", lw=0.8, color=color, alpha=0.8, zorder=1)
-            band = Patch(facecolor=color, alpha=0.25, edgecolor=color, linestyle=":")
-            handles.append((band, dash))
-            spread = f"band: 95% t interval over {b.n} seeds"
-        else:
-            handles.append(dash)
-            spread = "n=1, no interval"
-        names.append(f"{label}\n({spread})")
-
-    if not collapsed and len(eps_all) > 1 and eps_all[-1] > 10 * max(eps_all[0], 1e-12):
-        ax.set_xscale("log")
-        readable_log_ticks(ax, "x")  # 2, 3, 5, 10, 20 rather than 10^0 and 10^1 only
-    bottom = dax if dax is not None else ax
-    first = points[0].used[0].result
-    if collapsed:
-        if numeric_key:
-            bottom.set_xlabel(numeric_key)
-        else:
-            bottom.set_xticks(range(len(categories)), categories, rotation=20, ha="right", fontsize=8)
-            bottom.set_xlabel(
-                "setting (no private setting: epsilon is infinite for every run)"
-                if only_baselines
-                else "setting"
-            )
-        if len(categories) > 0:
-            ax.set_xlim(-0.6, len(categories) - 0.4)
-    else:
-        bottom.set_xlabel(
-            f"certified epsilon after the final round, delta = {first.get('delta')} ({first.get('accountant')})"
-        )
-    what = _accuracy_name(runs)
-    ax.set_ylabel(f"held-out client-level {what} (%)\n{statistic(last)}")
-    n_seeds = sorted({s.n for s in settings})
-    seeds = f"{n_seeds[0]}" if len(n_seeds) == 1 else f"{n_seeds[0]}-{n_seeds[-1]}"
-    text = (
-        f"{title}: privacy-utility, {len(settings)} setting{'s' if len(settings) != 1 else ''} x {seeds} "
-        f"seed{'s' if n_seeds[-1] != 1 else ''}"
-    )
-    if collapsed and not only_baselines:
-        against = numeric_key or "the setting"
-        text += (
-            f"; epsilon is the same ({eps_all[0]:.3g}) for every private setting, so accuracy is plotted against "
-            f"{against}"
-            if len(eps_all) == 1
-            else f"; settings of one line share their epsilon, so accuracy is plotted against {against}"
-        )
-        if not numeric_key and len(varied) > 1:
-            text += f" (--line {varied[-1]}: one line per value)"
-    ax.set_title(textwrap.fill(text, 80, break_on_hyphens=False), fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    lo, hi = ax.get_ylim()  # an interval over few seeds can reach past what an accuracy can be
-    ax.set_ylim(max(lo, -2.0), min(hi, 102.0))
-
-    notes = [
-        f"y: per run, {statistic(last)}; points: mean over seeds, "
-        + ("bars: 95% Student t interval over seeds" if max(n_seeds) > 1 else "n=1, no interval")
-        + "; faint dots: seeds"
-    ]
-    if dodged:
-        notes.append(
-            f"points of the lines at one {'epsilon' if not collapsed else 'x'} are shifted sideways "
-            f"({step:g} pt apart) so that their bars do not overlap"
-        )
+    notes = _point_notes(settings, x, last)
     paired_labels: list[Label] = []
     if dax is not None:
         note, paired_labels = _paired_panel(
-            dax, pairs, points, baseline, line, colors, shift, xs_of, reference_of, categorical
+            dax, pairs, points, baseline, line, colors, x.shift, x.xs_of, reference_of, x.categorical
         )
         notes.append(note)
     notes += _sampling_notes(settings)
     if labels:
-        notes.append("point labels: " + ", ".join(f"{_short(k)} = {k}" for k in label_keys))
-    ax.legend(
-        handles,
-        ["\n".join(textwrap.fill(part, 44) for part in n.split("\n")) for n in names],
-        handler_map={tuple: HandlerTuple(ndivide=None, pad=0.0)},
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1.0),
-        fontsize=7.5,
-        borderaxespad=0.0,
-        handlelength=2.4,
-    )
-    fig.text(
-        0.0,
-        0.0,
-        "\n".join(textwrap.fill(n, 130, subsequent_indent="  ") for n in notes),
-        fontsize=7,
-        va="top",
-        ha="left",
-        color="0.2",
-    )
-    if dodged:  # room at both ends for the shifted marks (once the legends have taken their room)
-        _pad_x(fig, ax, list(xs_of.values()), max(abs(v) for v in shift.values()) + 8.0)
+        notes.append("point labels: " + ", ".join(f"{_short(k)} = {k}" for k in x.label_keys))
+    _legend_and_notes(fig, ax, handles, names, notes)
+    if x.dodged:  # room at both ends for the shifted marks (once the legends have taken their room)
+        _pad_x(fig, ax, list(x.xs_of.values()), max(abs(v) for v in x.shift.values()) + 8.0)
     _place_labels(fig, ax, labels)
     if dax is not None:
         _place_labels(fig, dax, paired_labels)
@@ -541,54 +730,59 @@ def _accuracy_name(runs: list[SweepRun]) -> str:
     return "token accuracy" if shapes and all(shapes) else "accuracy"
 
 
-def _paired_panel(
-    ax: Any,
+def _sign_count(p: Any) -> str:
+    """``k/n`` for a paired difference: in k of its n seeds the difference has the sign of its mean (where the
+    mean is 0, the seeds without a difference)."""
+    if p.mean == 0:
+        return f"{p.n - p.above - p.below}/{p.n} equal"
+    return f"{p.above if p.mean > 0 else p.below}/{p.n}"
+
+
+#: the paired differences drawn as points, by (line, whether the setting is itself a point of the top panel):
+#: each at its x
+PairedSeries = dict[tuple[str | None, bool], list[tuple[float, Any]]]
+
+
+def _paired_series(
     pairs: list[Any],
-    points: list[SettingSummary],
-    baseline: list[SettingSummary],
+    drawn: list[SettingSummary],
+    xs_of: dict[str, float],
+    line: str | None,
+    colors: dict[str | None, str],
+) -> tuple[PairedSeries, list[tuple[Any, str]]]:
+    """Where each paired difference of a ``drawn`` setting goes: a setting drawn as a point at its own x; a
+    setting without noise paired with a point at that point's x; one paired with another setting without noise
+    nowhere on x, so a horizontal line (returned with its colour), as in the panel above."""
+    by_slug = {_slug(s.setting): s for s in drawn}
+    series: PairedSeries = {}
+    flat: list[tuple[Any, str]] = []
+    for p in pairs:
+        if _slug(p.setting) not in by_slug:
+            continue
+        if _slug(p.setting) in xs_of:  # a setting drawn as a point: at its own x
+            series.setdefault((_line_value(p.setting, line), True), []).append((xs_of[_slug(p.setting)], p))
+        elif _slug(p.reference) in xs_of:  # a baseline against a point: at that point's x
+            series.setdefault((_line_value(p.setting, line), False), []).append(
+                (xs_of[_slug(p.reference)], p)
+            )
+        else:  # a baseline against a baseline: a horizontal line, as in the panel above
+            flat.append((p, colors.get(_line_value(p.setting, line), "0.2") if line else "0.2"))
+    return series, flat
+
+
+def _draw_paired_points(
+    ax: Any,
+    series: PairedSeries,
     line: str | None,
     colors: dict[str | None, str],
     shift: dict[str | None, float],
-    xs_of: dict[str, float],
-    reference: dict[str, Any] | None,
     categorical: bool,
-) -> tuple[str, list[Label]]:
-    """The paired differences in ``ax`` (:func:`privacy_utility_figure`'s lower panel); returns its note and the
-    sign counts to place beside the points once the figure is laid out."""
-    by_slug = {_slug(s.setting): s for s in [*points, *baseline]}
-    per_reference = line is not None and reference is not None and line in reference
-
-    def name_of(setting: dict[str, Any]) -> str | None:
-        return _value_text(setting.get(line)) if line else None
-
-    ref_color = colors.get(name_of(reference or {}), "0.2") if line else "0.2"
-    ref_text = (
-        f"{line} = {name_of(reference or {})}, at each point"
-        if per_reference
-        else _setting_text(reference or {})
-    )
-    zero = ax.axhline(0.0, color=ref_color, lw=1.6, zorder=2)
-    handles: list[Any] = [zero]
-    names = [f"reference: {ref_text} (its difference is 0 by definition)"]
-    series: dict[tuple[str | None, bool], list[tuple[float, Any]]] = {}
-    flat: list[tuple[Any, str]] = []
-    for p in pairs:
-        s = by_slug.get(_slug(p.setting))
-        if s is None:
-            continue
-        if _slug(p.setting) in xs_of:  # a setting drawn as a point: at its own x
-            series.setdefault((name_of(p.setting), True), []).append((xs_of[_slug(p.setting)], p))
-        elif _slug(p.reference) in xs_of:  # a baseline against a point: at that point's x
-            series.setdefault((name_of(p.setting), False), []).append((xs_of[_slug(p.reference)], p))
-        else:  # a baseline against a baseline: a horizontal line, as in the panel above
-            flat.append((p, colors.get(name_of(p.setting), "0.2") if line else "0.2"))
+) -> list[Label]:
+    """Each series of paired differences: the means with their intervals (filled circles for a setting drawn
+    as a point, open diamonds for a setting without noise; joined unless x is categorical) and each seed's
+    difference as a faint dot, shifted as the line is in the panel above. Returns the sign counts
+    (:func:`_sign_count`) to place beside the points."""
     labels: list[Label] = []
-
-    def count(p: Any) -> str:
-        if p.mean == 0:
-            return f"{p.n - p.above - p.below}/{p.n} equal"
-        return f"{p.above if p.mean > 0 else p.below}/{p.n}"
-
     for (name, own), items in series.items():
         items.sort(key=lambda t: t[0])
         color = colors.get(name, "0.2") if line else ("C0" if own else "0.2")
@@ -620,14 +814,20 @@ def _paired_panel(
                 zorder=2,
             )
             dots.set_offset_transform(moved)
-            labels.append((p_x, 100 * p.mean, count(p), color, shift.get(name, 0.0)))
+            labels.append((p_x, 100 * p.mean, _sign_count(p), color, shift.get(name, 0.0)))
+    return labels
+
+
+def _draw_paired_lines(ax: Any, flat: list[tuple[Any, str]]) -> None:
+    """The differences between two settings without noise: each a dashed horizontal line with its interval as
+    a light band, its sign count at the right edge."""
     for p, color in flat:
         y = 100 * p.mean
         ax.axhline(y, ls="--", lw=1.2, color=color, zorder=2)
         if p.half is not None:
             ax.axhspan(y - 100 * p.half, y + 100 * p.half, color=color, alpha=0.08, lw=0, zorder=1)
         ax.annotate(
-            count(p),
+            _sign_count(p),
             (1.0, y),
             xycoords=("axes fraction", "data"),
             xytext=(-4, 3),
@@ -636,26 +836,35 @@ def _paired_panel(
             fontsize=7,
             color=color,
         )
-    ax.set_ylabel("paired difference to\nthe reference (points)")
-    ax.grid(True, which="both", alpha=0.3)
+
+
+def _paired_legend(ax: Any, zero: Any, ref_text: str, against_points: bool) -> None:
+    """The lower panel's legend beside it: the reference's zero line, the open diamond where settings without
+    noise are paired with points (``against_points``), and what ``k/n`` means."""
     from matplotlib.lines import Line2D
 
-    if any(not own for _, own in series):
+    handles: list[Any] = [zero]
+    names = [f"reference: {ref_text} (its difference is 0 by definition)"]
+    if against_points:
         handles.append(Line2D([], [], ls="none", marker="D", mfc="white", mec="0.3", color="0.3"))
         names.append("a setting without noise against the reference at that epsilon")
     handles.append(Line2D([], [], ls="none"))
     names.append("k/n beside a point: in k of the n paired seeds the difference has the sign of its mean")
     ax.legend(
         handles,
-        ["\n".join(textwrap.fill(part, 44) for part in n.split("\n")) for n in names],
+        [_legend_text(n) for n in names],
         loc="upper left",
         bbox_to_anchor=(1.02, 1.0),
         fontsize=7.5,
         borderaxespad=0.0,
         handlelength=2.4,
     )
+
+
+def _paired_note(pairs: list[Any], line: str | None, per_reference: bool) -> str:
+    """The note under the figure on the lower panel."""
     seeds = sorted({p.n for p in pairs})
-    note = (
+    return (
         "lower panel: setting minus reference, paired by seed"
         + (
             f" (each with the setting of the reference's {line} that shares its other settings)"
@@ -666,7 +875,37 @@ def _paired_panel(
         + ("" if seeds[-1] > 1 else " (n=1: none)")
         + "; faint dots: the seeds' differences"
     )
-    return note, labels
+
+
+def _paired_panel(
+    ax: Any,
+    pairs: list[Any],
+    points: list[SettingSummary],
+    baseline: list[SettingSummary],
+    line: str | None,
+    colors: dict[str | None, str],
+    shift: dict[str | None, float],
+    xs_of: dict[str, float],
+    reference: dict[str, Any] | None,
+    categorical: bool,
+) -> tuple[str, list[Label]]:
+    """The paired differences in ``ax`` (:func:`privacy_utility_figure`'s lower panel); returns its note and the
+    sign counts to place beside the points once the figure is laid out."""
+    per_reference = line is not None and reference is not None and line in reference
+    ref_color = colors.get(_line_value(reference or {}, line), "0.2") if line else "0.2"
+    ref_text = (
+        f"{line} = {_line_value(reference or {}, line)}, at each point"
+        if per_reference
+        else _setting_text(reference or {})
+    )
+    zero = ax.axhline(0.0, color=ref_color, lw=1.6, zorder=2)
+    series, flat = _paired_series(pairs, [*points, *baseline], xs_of, line, colors)
+    labels = _draw_paired_points(ax, series, line, colors, shift, categorical)
+    _draw_paired_lines(ax, flat)
+    ax.set_ylabel("paired difference to\nthe reference (points)")
+    ax.grid(True, which="both", alpha=0.3)
+    _paired_legend(ax, zero, ref_text, any(not own for _, own in series))
+    return _paired_note(pairs, line, per_reference), labels
 
 
 def plot_privacy_utility(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.privacy import Mechanism
+from fedsim.privacy import PrivacySettings
 
 #: how many evaluated rounds a run's held-out accuracy is averaged over, unless ``--last``/``sweep.last`` say
 DEFAULT_LAST = 5
@@ -197,14 +197,17 @@ def _run_facts(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     cohort = per_round if isinstance(per_round, int) else None
     if isinstance(population, int) and population > 0:
         try:  # the scheme's own expected cohort (fedsim.round.sampling)
-            cohort = Mechanism(
-                population=population,
-                sampling=sampling,
-                sampling_rate=rate,
-                clients_per_round=per_round,
-                min_separation=privacy.get("min_separation"),
-                max_participations=privacy.get("max_participations"),
-            ).expected_cohort
+            cohort = (
+                PrivacySettings(
+                    sampling=sampling,
+                    sampling_rate=rate,
+                    clients_per_round=per_round,
+                    min_separation=privacy.get("min_separation"),
+                    max_participations=privacy.get("max_participations"),
+                )
+                .mechanism_at(population)
+                .expected_cohort
+            )
         except ValueError:  # refused by the schema anyway; the note then shows what was given
             pass
     # the noise multiplier the run used: config.toml is written after calibration (fedsim.engine.runner), so it holds

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from fedsim.report.rundir import NON_PRIVATE, flatten_tables
+from fedsim.labels import NON_PRIVATE
+from fedsim.report.rundir import flatten_tables
+from fedsim.tracking_uri import SCHEMELESS_URIS, check_tracking_uri  # the schema checks the same form
 
 log = logging.getLogger(__name__)
 
@@ -86,27 +88,6 @@ def privacy_status(scenario: Any, private: bool | None) -> dict[str, str]:
     return status
 
 
-#: tracking URIs MLflow takes without a scheme
-_SCHEMELESS_URIS = ("databricks", "databricks-uc", "uc")
-
-
-def check_tracking_uri(value: str) -> str:
-    """``[report] mlflow``, checked for its form only (the scenario schema's rule): a URI with a scheme
-    (``file:///abs/mlruns``, ``sqlite:///mlflow.db``, ``http://host:5000``), ``databricks``, or a folder written
-    as a path: ``./mlruns`` or ``../mlruns`` (relative to the working directory), ``/abs/mlruns``, ``~/mlruns``.
-    A bare word (``mlruns``, ``none``, ``true``) is refused: it would silently become a folder of that name."""
-    value = value.strip()
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("a tracking URI or folder path has no control characters")
-    scheme = urlparse(value).scheme
-    if len(scheme) > 1 or value in _SCHEMELESS_URIS or value.startswith(("/", "./", "../", "~")):
-        return value
-    raise ValueError(
-        f"{value!r} is not a tracking URI; write a folder for a local file store as a path: "
-        f"'./{value}' (relative to the working directory), '/abs/path' or 'file:///abs/path'"
-    )
-
-
 def tracking_uri(value: str) -> tuple[str, Path | None]:
     """``[report] mlflow`` (:func:`check_tracking_uri`) as a tracking URI, and the local folder when it names
     MLflow's file store: a ``file:`` URI or a path (a relative path is relative to the working directory, as MLflow
@@ -125,7 +106,7 @@ def tracking_uri(value: str) -> tuple[str, Path | None]:
 
         path = Path(url2pathname(parsed.path)).resolve()
         return path.as_uri(), path
-    if len(parsed.scheme) <= 1 and value not in _SCHEMELESS_URIS:  # a path (or a Windows drive letter)
+    if len(parsed.scheme) <= 1 and value not in SCHEMELESS_URIS:  # a path (or a Windows drive letter)
         path = Path(value).expanduser().resolve()
         return path.as_uri(), path
     return value, None

@@ -1,8 +1,8 @@
 """The private round's runtime operations: sampling, clipping, noise, partial sums.
 
-The one implementation of steps 1, 3 and 4 of a round (``shared/DESIGN.md``): every engine (the Ray engine, the
-in-process engine, Flower's Simulation Engine, a deployed SuperLink) goes through these functions; the
-strategies in :mod:`fedsim.strategies` decide *when* to call them, :mod:`fedsim.privacy` accounts what they
+The one implementation of a round's sampling, clipping and noise (``docs/architecture.md``): every engine (the
+Ray engine, the in-process engine, Flower's Simulation Engine, a deployed SuperLink) goes through these functions;
+the strategies in :mod:`fedsim.strategies` decide *when* to call them, :mod:`fedsim.privacy` accounts what they
 release.
 
 Randomness (:mod:`fedsim.round.randomness`): every stream comes from its own generator seeded by
@@ -16,16 +16,17 @@ from .correlated import (
     BufferedToeplitz,
     CorrelatedNoise,
     TreeAggregation,
-    check_schedule_combination,
 )
 from .noise import (
     NOISE_PLACEMENTS,
     NOISE_PURPOSES,
     NOISE_SOURCES,
+    PLACEMENTS,
     NoiseSource,
+    Placement,
     make_noise_source,
-    mechanism_options,
     noise_share_std,
+    placement,
     private_mean,
     register_noise_source,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "NOISE_PURPOSES",
     "NOISE_SOURCES",
     "OS_ENTROPY",
+    "PLACEMENTS",
     "RANDOMNESS",
     "SAMPLERS",
     "SEEDED",
@@ -84,21 +86,21 @@ __all__ = [
     "NoiseSource",
     "OsEntropyGenerator",
     "PartialSum",
+    "Placement",
     "RoundPlan",
     "Sampler",
     "ScheduledSampler",
     "TreeAggregation",
     "bounded_value",
     "check_cohort",
-    "check_schedule_combination",
     "clip_update",
     "flatten",
     "id_array",
     "make_noise_source",
     "make_rng",
     "make_sampler",
-    "mechanism_options",
     "noise_share_std",
+    "placement",
     "private_mean",
     "randomness_kind",
     "register_noise_source",

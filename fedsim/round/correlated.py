@@ -48,13 +48,30 @@ class CorrelatedNoise(NoiseSource):
     """A noise source whose model-update noise combines earlier rounds' draws (see the module). Subclasses build the
     per-round stream (:meth:`_new_stream`) and give the strategy's sensitivity."""
 
+    # what it releases, declared (fedsim.round.noise): Gaussian draws combined across rounds by the server, for the
+    # model update alone, accounted over the participation schedule; the papers' closed forms do not describe it
     correlated: ClassVar[bool] = True
+    noise_kind: ClassVar[str] = "gaussian"
+    placements: ClassVar[tuple[str, ...]] = ("central",)
+    paper_bounds: ClassVar[bool] = False
+    single_release: ClassVar[bool] = True
     #: what this mechanism optimises for the run's planned rounds before round 1 (:meth:`prepare`, kept in a
     #: checkpoint), so that a run extended past them would not be the longer run from scratch (the resume refusal
     #: names it); None: nothing, the run extends. A subclass says which: by default its strategy may depend on them
     fixed_for_rounds: ClassVar[str | None] = (
         "its strategy (NoiseSource.prepare may depend on the rounds planned)"
     )
+
+    def dp_release(self, round_: int, release: Any, schedule: Any | None = None) -> Any:
+        """Round ``round_``'s :class:`fedsim.privacy.ScheduledGaussian`: its share of the sensitivity of the
+        released prefix under the run's schedule (``schedule``, which this mechanism needs)."""
+        if schedule is None:
+            raise ValueError(
+                f"the {self.name} mechanism is accounted over its participation schedule: give the run's "
+                "ScheduleAccounting"
+            )
+        return super().dp_release(round_, release, schedule)
+
     #: the run's number of rounds, which the strategy matrix is optimised for (None: the unoptimised choice)
     rounds: int | None = None
     _stream: Any = field(default=None, init=False, repr=False)
@@ -171,7 +188,9 @@ class BandedMatrixFactorization(CorrelatedNoise):
     disjoint rounds' releases, and a cyclic schedule with sampling within its groups is accounted with
     amplification (Choquette-Choo et al. 2023). One band is independent noise, exactly."""
 
-    fixed_for_rounds: ClassVar[str | None] = "its banded Toeplitz coefficients (privacy.bands of them)"
+    fixed_for_rounds: ClassVar[str | None] = (
+        "its banded Toeplitz coefficients (privacy.mechanism.bands of them)"
+    )
     name = "banded-mf"
     aliases: ClassVar[tuple[str, ...]] = ()
     bands: int | None = None
@@ -470,52 +489,3 @@ class TreeAggregation(CorrelatedNoise):
 
 for _cls in (TreeAggregation, BandedMatrixFactorization, BufferedToeplitz):
     register_noise_source(_cls)
-
-
-def check_schedule_combination(
-    sampler: Any,
-    noise: Any,
-    *,
-    noise_placement: str = "central",
-    adaptive: bool = False,
-    agnostic: bool = False,
-) -> None:
-    """Refuse the combinations whose accounting does not hold (``sampler`` and ``noise``: a registered sampler and
-    noise source, classes or objects). A correlated mechanism needs a participation schedule (or everyone every
-    round): under Poisson or fixed-size sampling a client may take part in any round, and the mechanism's
-    sensitivity and amplification by sampling are not what its accounting assumes. A schedule or a correlated
-    mechanism is accounted for the model update alone, with central noise and a fixed clip."""
-    correlated = bool(getattr(noise, "correlated", False))
-    scheduled = bool(getattr(sampler, "scheduled", False))
-    if correlated and not scheduled and sampler.name != "all":
-        raise PrivacyInputError(
-            "sampling",
-            sampler.name,
-            f"mechanism={noise.name!r} needs a participation schedule that bounds how often one client takes part: "
-            "sampling='cyclic' (b groups in turn; min_separation = b) or 'min-separation' (min_separation, "
-            f"max_participations), or 'all'; under {sampler.name!r} sampling a client may take part in any round, "
-            "so its sensitivity and amplification by sampling would not be what the accounting assumes",
-        )
-    if not (correlated or scheduled):
-        return
-    what = f"mechanism={noise.name!r}" if correlated else f"sampling={sampler.name!r}"
-    if noise_placement != "central":
-        raise PrivacyInputError(
-            "noise_placement",
-            noise_placement,
-            f"must be 'central' with {what}: its noise is drawn and combined across rounds by the server",
-        )
-    if adaptive:
-        raise PrivacyInputError(
-            "adaptive_clip",
-            True,
-            f"is not supported with {what}: the schedule's accounting assumes one clip and one noise std for the "
-            "whole run, and covers the model update only (not adaptive clipping's count)",
-        )
-    if agnostic:
-        raise PrivacyInputError(
-            "strategy",
-            "agnostic",
-            f"agnostic FL's per-domain loss releases are not accounted under {what}; use independent noise with "
-            "poisson, fixed or all sampling",
-        )

@@ -12,6 +12,21 @@ loss noise (``"loss"``). :class:`NoiseSource` itself is independent Gaussian noi
 combines earlier draws (tree aggregation, banded matrix factorisation, buffered Toeplitz noise) is a subclass that
 overrides :meth:`NoiseSource.noise` for the purposes it correlates and keeps its past draws or buffers in
 :meth:`NoiseSource.extra_state` (arrays allowed: a checkpoint saves them), registered in :data:`NOISE_SOURCES`.
+
+A noise mechanism owns its privacy meaning, declared beside its draw (``docs/architecture.md``, "Seams"):
+
+* ``noise_kind`` and :meth:`NoiseSource.dp_release`: what the ledger records for a round (a release whose
+  ``to_dp_event`` dp-accounting composes), and ``accountants``: the certified accountants that can account it;
+* ``placements`` and the client side: :meth:`NoiseSource.share_scale` (what each sampled client adds before sending
+  under distributed placement) and :meth:`NoiseSource.server_noise` (what the server adds: all of it centrally,
+  the missing shares otherwise). A placement (:data:`PLACEMENTS`) says only whether clients add noise;
+* ``paper_bounds`` (the papers' closed forms describe its rounds), ``fixed_for_rounds`` (what it fixes for the
+  planned rounds, so a run cannot be extended), ``correlated`` (it needs a participation schedule),
+  ``single_release`` (it noises the model update only: adaptive clipping's count and agnostic FL's losses are
+  refused).
+
+A class that draws its own noise (overrides :meth:`NoiseSource.noise`) without declaring its event in the same
+class or below is refused when it is registered: nothing is ever accounted as Gaussian by default.
 """
 
 from __future__ import annotations
@@ -35,7 +50,46 @@ from .randomness import (
     register_component,
 )
 
-NOISE_PLACEMENTS = ("central", "distributed")
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a mechanism's noise is added: by the server alone, or as shares by the sampled clients (the server then
+    adds the shares missing below the expected cohort). Which placements a mechanism supports, and what a share is,
+    the mechanism says (:attr:`NoiseSource.placements`, :meth:`NoiseSource.share_scale`)."""
+
+    name: str
+    #: whether each sampled client adds its own share before its update leaves it
+    clients_add_noise: bool
+    #: what holds, and against whom (the run's summary and the ledger's caveats)
+    caveat: str | None = None
+
+    def present_shares(self, shares: float) -> float:
+        """How many clients' shares are in a partial sum that counted ``shares`` noised updates."""
+        return float(shares) if self.clients_add_noise else 0.0
+
+
+#: the placements, by name (``privacy.noise_placement``)
+PLACEMENTS: dict[str, Placement] = {
+    p.name: p
+    for p in (
+        Placement("central", clients_add_noise=False),
+        Placement(
+            "distributed",
+            clients_add_noise=True,
+            caveat="distributed noise is accounted as the noise of the whole expected cohort: assumes honest "
+            "clients whose shares add up to it (the server adds the shares missing below the expected cohort)",
+        ),
+    )
+}
+NOISE_PLACEMENTS = tuple(PLACEMENTS)
+
+
+def placement(name: str) -> Placement:
+    """The registered placement ``name`` (a :class:`PrivacyInputError` naming the allowed ones otherwise)."""
+    from fedsim.validation import one_of
+
+    return PLACEMENTS[one_of("noise_placement", name, NOISE_PLACEMENTS)]
+
 
 #: what a noise vector is for -> its stream (independent generators for independent purposes)
 NOISE_PURPOSES: dict[str, int] = {
@@ -119,6 +173,58 @@ class NoiseSource(SeededState):
         """One line for reports: the mechanism and its parameters."""
         return "independent Gaussian noise every round"
 
+    # ------------------------------------------------------------------ what it releases, declared
+    #: the distribution of one fresh draw, recorded in every round's :class:`fedsim.privacy.Mechanism`
+    #: (``noise_kind``); only ``"gaussian"`` rounds are accounted by the Gaussian events and closed forms
+    noise_kind: ClassVar[str] = "gaussian"
+    #: the placements it supports (:data:`PLACEMENTS`)
+    placements: ClassVar[tuple[str, ...]] = ("central", "distributed")
+    #: the certified accountants (:data:`fedsim.privacy.ACCOUNTANTS`) that can account its releases; None: all
+    accountants: ClassVar[tuple[str, ...] | None] = None
+    #: whether the papers' closed forms (IGMM, its correction, the generalization population) describe its rounds
+    paper_bounds: ClassVar[bool] = True
+    #: what it fixes for the planned rounds before round 1 (so a run extended past them would not be the longer run
+    #: from scratch: the resume refusal names it); None: nothing, a run extends
+    fixed_for_rounds: ClassVar[str | None] = None
+    #: whether only the model update may be released with it (adaptive clipping's count and agnostic FL's losses
+    #: would be drawn by its draw but are accounted as Gaussian releases of their own)
+    single_release: ClassVar[bool] = False
+
+    def dp_release(self, round_: int, release: Any, schedule: Any | None = None) -> Any:
+        """What the ledger records for round ``round_``'s ``release`` (a :class:`fedsim.privacy.Mechanism`: the
+        round's cohort, clip and noise multiplier), under the run's participation-schedule accounting ``schedule``
+        (a :class:`fedsim.privacy.ScheduleAccounting`; None: each round is its own release). Independent Gaussian
+        noise: the round itself, a sampled Gaussian, or the schedule's :class:`fedsim.privacy.ScheduledGaussian`."""
+        if getattr(release, "noise_kind", self.noise_kind) != self.noise_kind:
+            raise ValueError(
+                f"mechanism {self.name!r} records {self.noise_kind} releases; this round says "
+                f"{release.noise_kind!r}"
+            )
+        return release if schedule is None else schedule.release(round_, release)
+
+    def share_scale(self, noise_scale: float, shares: float) -> float:
+        """Distributed placement: the scale of each of ``shares`` clients' shares (drawn with :meth:`noise`, purpose
+        ``"share"``, by the client itself) that together make noise of scale ``noise_scale`` (the release's
+        ``noise_std``). The expected cohort is the number of shares: a public parameter, never the realised cohort
+        (see :func:`noise_share_std`). Gaussian noise: ``noise_scale / sqrt(shares)`` (variances add)."""
+        return gaussian_share(noise_scale, shares)
+
+    def server_noise(
+        self, round_: int, size: int, release: Any, shares: float, purpose: str = "model"
+    ) -> tuple:
+        """``(noise, scale)``: what the server adds to round ``round_``'s sum of ``release`` (``size`` numbers; None:
+        one number) when ``shares`` clients' shares are in it (0 with central placement): the noise of the expected
+        cohort's shares that are missing, so that the total is at least what is accounted. Gaussian noise: std
+        ``noise_std * sqrt(max(expected - shares, 0) / expected)``."""
+        expected = release.expected_cohort
+        full_var = release.noise_std**2 if release.noise_multiplier > 0 else 0.0  # z = 0 (clip may be inf)
+        std = (
+            math.sqrt(full_var * max(expected - float(shares), 0.0) / expected)
+            if shares
+            else math.sqrt(full_var)
+        )
+        return self.noise(round_, purpose, size, std), std
+
     def for_clients(self) -> NoiseSource:
         """The source the clients' noise shares come from (with distributed noise, shipped to the workers with the
         round's plan: a source holding large buffers returns a light one here)."""
@@ -134,8 +240,38 @@ class NoiseSource(SeededState):
 NOISE_SOURCES: dict[str, type[NoiseSource]] = {}
 
 
+#: what a noise mechanism must declare in the class that draws its noise, or below it
+DECLARED = ("noise_kind", "dp_release")
+
+
+def _owner(cls: type, attribute: str) -> type:
+    return next(c for c in cls.__mro__ if attribute in c.__dict__)
+
+
+def check_declared(cls: type[NoiseSource]) -> None:
+    """Refuse a mechanism that draws its own noise (overrides :meth:`NoiseSource.noise`) without declaring, in the
+    same class or below, its ``noise_kind`` and :meth:`NoiseSource.dp_release`: it would otherwise inherit the
+    Gaussian event of the class whose draw it replaced, and be accounted as Gaussian noise it does not add."""
+    draw = _owner(cls, "noise")
+    missing = [a for a in DECLARED if not issubclass(_owner(cls, a), draw)]
+    if missing:
+        raise TypeError(
+            f"noise mechanism {cls.__name__} ({getattr(cls, 'name', '?')!r}) draws its own noise "
+            f"({draw.__name__}.noise) but does not declare {' and '.join(missing)} in {draw.__name__} or below: "
+            "declare the distribution it draws (noise_kind) and what the ledger records for a round "
+            "(dp_release), and which accountants can account it (accountants). Nothing is accounted as Gaussian by "
+            "default"
+        )
+    for p in cls.placements:
+        if p not in PLACEMENTS:
+            raise TypeError(f"{cls.__name__}.placements: {p!r} is not one of {', '.join(PLACEMENTS)}")
+
+
 def register_noise_source(cls: type[NoiseSource], *, replace: bool = False) -> type[NoiseSource]:
-    """Add a noise mechanism (a :class:`NoiseSource` subclass with a ``name``); usable as a class decorator."""
+    """Add a noise mechanism (a :class:`NoiseSource` subclass with a ``name`` that declares its release:
+    :func:`check_declared`); usable as a class decorator."""
+    if isinstance(cls, type) and issubclass(cls, NoiseSource):
+        check_declared(cls)
     return register_component(NOISE_SOURCES, cls, NoiseSource, replace=replace)
 
 
@@ -180,8 +316,12 @@ def noise_share_std(mechanism: Any) -> float:
     epsilon). The server tops up the shares below it that did not arrive (see :func:`private_mean`), so the total
     never falls below the accounted noise; a realised cohort larger than expected adds more noise than accounted
     (never less)."""
-    shares = mechanism.expected_cohort
-    return mechanism.noise_std / math.sqrt(shares) if shares > 0 else 0.0
+    return gaussian_share(mechanism.noise_std, mechanism.expected_cohort)
+
+
+def gaussian_share(noise_std: float, shares: float) -> float:
+    """The std of one of ``shares`` independent Gaussian shares whose sum has std ``noise_std``."""
+    return float(noise_std) / math.sqrt(shares) if shares > 0 else 0.0
 
 
 def private_mean(
@@ -192,27 +332,20 @@ def private_mean(
     *,
     denominator: float | None = None,
 ) -> tuple[np.ndarray, float]:
-    """``(sum of clipped updates + N(0, noise_std^2 I)) / denominator`` for the release ``mechanism`` (a
-    :class:`fedsim.privacy.Mechanism`: its ``noise_std``, ``expected_cohort`` and ``noise_placement``), the noise from
-    ``noise`` (purpose ``"model"``) for round ``round_``. ``denominator``: default the expected cohort.
+    """``(sum of clipped updates + the release's noise) / denominator`` for the release ``mechanism`` (a
+    :class:`fedsim.privacy.Mechanism`: its noise, expected cohort and placement), the server's part of the noise
+    from ``noise`` (:meth:`NoiseSource.server_noise`, purpose ``"model"``) for round ``round_``. ``denominator``:
+    default the expected cohort.
 
-    Returns ``(mean, server_noise_std)``. Central: the server adds all the noise. Distributed: each sampled client
-    that replied added a share of variance ``noise_std^2/expected_cohort`` (:func:`noise_share_std`); the server adds
-    the shares missing below ``expected_cohort`` (clients that were not sampled, did not reply or were rejected),
-    so the total noise variance is at least ``noise_std^2`` in every case.
+    Returns ``(mean, server_noise_scale)``. Central: the server adds all the noise. Distributed: each sampled client
+    that replied added a share (:meth:`NoiseSource.share_scale`); the server adds the shares missing below the
+    expected cohort (clients that were not sampled, did not reply or were rejected), so the total noise is at least
+    the accounted one in every case.
     """
     expected = mechanism.expected_cohort
     denominator = expected if denominator is None else denominator
     if expected <= 0 or denominator <= 0:
         raise ValueError(f"expected_cohort must be > 0, got {expected}")
-    full_var = mechanism.noise_std**2 if mechanism.noise_multiplier > 0 else 0.0  # z = 0 (clip may be inf)
-    placement = mechanism.noise_placement
-    if placement == "central":
-        server_var = full_var
-    elif placement == "distributed":
-        server_var = full_var * max(expected - partial.noise_shares, 0.0) / expected
-    else:
-        raise ValueError(f"noise_placement must be one of {', '.join(NOISE_PLACEMENTS)}; got {placement!r}")
-    std = math.sqrt(server_var)
-    noised = partial.total + noise.noise(round_, "model", partial.dim, std)
-    return noised / denominator, std
+    shares = mechanism.placement.present_shares(partial.noise_shares)
+    added, scale = noise.server_noise(round_, partial.dim, mechanism, shares)
+    return (partial.total + added) / denominator, scale

@@ -51,9 +51,17 @@ class RoundPlan:
         return next((m for n, m in self.releases if n == name), None)
 
     def share_std(self, name: str = "model") -> float:
-        """Distributed noise: the std of each sampled client's share of release ``name`` (0: central noise)."""
+        """Distributed noise: the scale (Gaussian noise: the std) of each sampled client's share of release ``name``,
+        as the noise mechanism defines a share (:meth:`~fedsim.round.NoiseSource.share_scale`); 0 where the clients
+        add no noise."""
         m = self.mechanism if name == "model" else self.release(name)
-        return noise_share_std(m) if m is not None and m.noise_placement == "distributed" else 0.0
+        if m is None or not m.placement.clients_add_noise:
+            return 0.0
+        if self.noise is not None:
+            return self.noise.share_scale(m.noise_std, m.expected_cohort)
+        if not m.gaussian:  # only the mechanism knows what a share of its noise is
+            raise ValueError(f"a share of {m.noise_kind} noise needs the plan's noise mechanism (plan.noise)")
+        return noise_share_std(m)
 
     @property
     def noise_share_std(self) -> float:

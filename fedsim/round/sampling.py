@@ -101,6 +101,9 @@ class Sampler(SeededState):
     label: ClassVar[str] = ""
     #: whether this scheme is a participation schedule (:class:`ScheduledSampler`), accounted over the schedule
     scheduled: ClassVar[bool] = False
+    #: whether every client takes part in every round (a schedule of one group: noise correlated across rounds is
+    #: accounted over it without a participation schedule)
+    everyone: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ the cohort's description
     @classmethod
@@ -302,6 +305,7 @@ class EveryoneSampler(Sampler):
 
     name = "all"
     label = "every client, every round"
+    everyone = True
 
     @classmethod
     def check_cohort(cls, sampling_rate=None, clients_per_round=None, population=None):

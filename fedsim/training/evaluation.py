@@ -13,15 +13,18 @@ Classification (labels ``[n]``, outputs ``[n, classes]``) and sequence tasks (ta
   scored tokens (perplexity is ``exp(nll_sum / scored)``); NaN otherwise;
 * ``metric_sum``: the sum over examples of the scenario's ``model.metric``; NaN without one.
 
-:func:`client_means` in :mod:`fedsim.report.rows` turns rows into client-level means (each client weighs the
-same, the unit of privacy).
+:func:`client_means` turns rows into client-level means (each client weighs the same, the unit of privacy); it is
+here, beside the rows it reads, so that the deployed ClientApp reports its client's means without importing the
+report package (which writes them into a run's rows, :mod:`fedsim.report.rows`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 
 from fedsim.factories import IGNORE_INDEX, cross_entropy, per_example
@@ -58,3 +61,36 @@ def evaluate_outputs(
         correct, scored = math.nan, float(targets.shape[0])
     metric_sum = math.nan if metric is None else float(per_example(metric, outputs, targets, "metric").sum())
     return loss_sum, correct, scored, nll_sum, metric_sum
+
+
+def client_means(rows: np.ndarray) -> dict[str, Any]:
+    """Client-level means of evaluation rows (:data:`COLUMNS`): each client weighs the same, the unit of privacy
+    and of generalization. ``loss``: the mean over clients of their mean per-example loss; ``accuracy``: of
+    ``correct / scored`` (token accuracy for a sequence task); for a sequence task with the default cross-entropy,
+    ``perplexity``: ``exp`` of the mean over clients of their per-token negative log-likelihood; with a
+    ``model.metric``, ``metric``: the mean over clients of its per-example mean."""
+    rows = rows[rows[:, COL["examples"]] > 0]
+    if rows.size == 0:
+        return {"loss": math.nan, "accuracy": math.nan, "clients": 0}
+    n, scored = rows[:, COL["examples"]], rows[:, COL["scored"]]
+    out: dict[str, Any] = {"loss": float((rows[:, COL["loss_sum"]] / n).mean())}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = rows[:, COL["correct"]] / scored
+        nll = rows[:, COL["nll_sum"]] / scored
+    acc, nll = acc[np.isfinite(acc)], nll[np.isfinite(nll)]
+    out["accuracy"] = float(acc.mean()) if acc.size else math.nan
+    if nll.size:
+        out["perplexity"] = float(math.exp(min(nll.mean(), 700.0)))
+    metric = rows[:, COL["metric_sum"]]
+    if np.isfinite(metric).any():
+        out["metric"] = float(np.nanmean(metric / n))
+    out["clients"] = int(rows.shape[0])
+    return out
+
+
+def domain_means(rows: np.ndarray, data: Any) -> list[dict[str, float]]:
+    """:func:`client_means` per domain (index = domain) of ``data`` (a :class:`~fedsim.data.FederatedData`)."""
+    doms = (
+        np.array([data.domain(int(c)) for c in rows[:, 0]], dtype=np.int64) if len(rows) else np.zeros(0, int)
+    )
+    return [client_means(rows[doms == d]) for d in range(int(data.num_domains))]

@@ -5,8 +5,8 @@ K clients train together when their parameters are stacked along a leading clien
 user's own ``forward`` then runs unchanged: fedsim only replaces, for the duration of the call, the
 ``forward`` of each *layer* that holds parameters by a rule for its type that applies client ``k``'s
 parameters to rows ``k*B .. (k+1)*B - 1``. As Opacus registers per-sample gradient rules per layer type,
-the rules here are registered per layer type (:func:`register`), found by walking the module tree with
-``named_modules()``; no rule knows a model's class or its parameter names.
+the rules here are registered per layer type (:func:`register`, :mod:`fedsim.training.layer_registry`), found
+by walking the module tree with ``named_modules()``; no rule knows a model's class or its parameter names.
 
 * Layers with parameters: Linear (batched matrix products), Conv1d/Conv2d/Conv3d (one grouped convolution
   with K groups), LayerNorm, RMSNorm and GroupNorm (the normalisation is per example; the affine part per client),
@@ -53,27 +53,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Rule = Callable[..., Any]
-#: why a rule cannot run a layer as it is configured (``None``: it can)
-Check = Callable[[nn.Module], str | None]
+# the rules of RNN, LSTM, GRU and MultiheadAttention register themselves when their module is imported
+from . import sequence_layers as _sequence_layers  # noqa: F401
 
-
-@dataclass(frozen=True)
-class LayerRule:
-    """How the per-layer path runs one layer type (see :func:`register`)."""
-
-    forward: Rule
-    owns_children: bool = False
-    check: Check | None = None
-    #: whether the layer, as configured, draws dropout in training mode (its rule then draws each client's masks)
-    draws: Callable[[nn.Module], bool] | None = None
-    #: the layer run for one client with its own parameters and that client's masks (the per-client loop)
-    alone: Rule | None = None
-
-
-#: layer type -> its rule: ``forward(module, params, k, masks, x, *args, **kwargs)`` on ``x [K*B, ...]`` with
-#: ``params[local] [K, ...]``
-RULES: dict[type[nn.Module], LayerRule] = {}
+# the registry and what every rule shares, also importable from here (rules written outside fedsim use it)
+from .layer_registry import RULES, Rule, Unsupported, register, stacked_linear
+from .layer_registry import Check as Check
+from .layer_registry import LayerRule as LayerRule
 
 #: parameter-free layers that act on each example alone: they run unchanged on the stacked batch
 PER_EXAMPLE: tuple[type[nn.Module], ...] = (
@@ -102,66 +88,7 @@ PER_EXAMPLE: tuple[type[nn.Module], ...] = (
 )
 
 
-class Unsupported(Exception):
-    """The per-layer path cannot train this model; the message says which layer and why."""
-
-
-def register(
-    *types: type[nn.Module],
-    owns_children: bool = False,
-    check: Check | None = None,
-    draws: Callable[[nn.Module], bool] | None = None,
-    alone: Rule | None = None,
-) -> Callable[[Rule], Rule]:
-    """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule).
-
-    ``rule(module, params, k, masks, x, *args, **kwargs)`` replaces the layer's ``forward`` (it receives the
-    same arguments) for a stacked batch of ``k`` clients; ``params`` holds the layer's parameters ``[K, *shape]``
-    by their names in the layer.
-
-    ``owns_children``: the rule also applies the parameters of the layer's descendants (``params`` then holds
-    them by their names relative to the layer, ``"out_proj.weight"``), and :func:`plan` neither visits nor
-    refuses the descendants. ``check(module)``: why the rule cannot run this layer as it is configured, or
-    ``None``; :func:`plan` refuses the model with that reason and the layer's place in it.
-
-    ``draws(module)``: whether the layer, as configured, draws dropout in training mode; its rule then draws each
-    client's masks from ``masks`` (:class:`DropoutMasks`), and ``alone(module, {}, 1, masks, x, ...)`` runs the layer
-    for one client with its own parameters, drawing the same masks (the per-client loop, :func:`client_dropout`)."""
-
-    def deco(rule: Rule) -> Rule:
-        for t in types:
-            RULES[t] = LayerRule(rule, owns_children, check, draws, alone)
-        return rule
-
-    return deco
-
-
 # --------------------------------------------------------------------------- the rules
-class _StackedLinear(torch.autograd.Function):
-    """``x [K, N, in] @ w[k]^T + b[k]`` with the backward written out: one autograd node instead of four, and
-    the weight gradient computed directly in the weight's layout (contiguous, so the update is one pass)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.has_bias = b is not None
-        wt = w.transpose(1, 2)
-        return torch.bmm(x, wt) if b is None else torch.baddbmm(b.unsqueeze(1), x, wt)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, w = ctx.saved_tensors
-        gx = torch.bmm(dy, w) if ctx.needs_input_grad[0] else None
-        gw = torch.bmm(dy.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
-        gb = dy.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb
-
-
-def stacked_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [K, N, in]`` -> ``x[k] @ w[k]^T + b[k]`` ``[K, N, out]`` for weights ``[K, out, in]``, biases ``[K, out]``."""
-    return _StackedLinear.apply(x, w, b)
-
-
 @register(nn.Linear)
 def _linear(m: nn.Linear, p: dict[str, torch.Tensor], k: int, masks: Any, x: torch.Tensor) -> torch.Tensor:
     w = p["weight"]
@@ -663,7 +590,3 @@ def check_agreement(
                 # on real examples the reason names no number computed from them (summary.json publishes it)
                 by = "" if examples is not None else f" by {float((got - want).abs().max()):.3g}"
                 raise Unsupported(f"client {j}'s gradient of {name!r} differs from the model run alone{by}")
-
-
-# the sequence layers' rules register themselves on import (they use the helpers above)
-from . import sequence_layers as _sequence_layers  # noqa: E402, F401

@@ -1,9 +1,9 @@
 """Per-layer rules for the sequence layers: ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and ``nn.MultiheadAttention``.
 
-They follow :mod:`fedsim.training.layers`, which imports this module (so they are registered whenever the per-layer
-path is): the layer's input holds the clients' batches concatenated client-major (``N = K * B`` examples), its
-parameters are stacked along a leading client axis, and each rule returns what the layer's own ``forward``
-returns, in the same shapes and layouts.
+They follow :mod:`fedsim.training.layers`, which imports this module (so they are registered, in
+:mod:`fedsim.training.layer_registry`, whenever the per-layer path is): the layer's input holds the clients'
+batches concatenated client-major (``N = K * B`` examples), its parameters are stacked along a leading client
+axis, and each rule returns what the layer's own ``forward`` returns, in the same shapes and layouts.
 
 * **RNN, LSTM, GRU** (any number of layers, either ``batch_first``, bidirectional, with or without biases and an
   initial state). Per layer and direction, the input projections of all time steps are one batched product over
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from .layers import Unsupported, register, stacked_linear
+from .layer_registry import Unsupported, register, stacked_linear
 
 _UNBATCHED = "without a batch dimension, the stacked batch's clients cannot be told apart"
 

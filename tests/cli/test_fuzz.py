@@ -35,7 +35,7 @@ KEYS = [(k,) for k, v in BASE.items() if not isinstance(v, dict)] + [
 SCHEMA_KEYS = [(name,) for name, f in Scenario.model_fields.items() if f.annotation not in (dict,)] + [
     (section, key)
     for section, f in Scenario.model_fields.items()
-    if isinstance(f.default_factory, type)
+    if hasattr(f.default_factory, "model_fields")
     for key in f.default_factory.model_fields
 ]
 
@@ -66,7 +66,7 @@ CHOICES = sorted(
     {
         str(v)
         for section, f in Scenario.model_fields.items()
-        if isinstance(f.default_factory, type)
+        if hasattr(f.default_factory, "model_fields")
         for g in f.default_factory.model_fields.values()
         for v in _choices(g.annotation)
     }
@@ -237,9 +237,6 @@ NEW_PRIVACY = {
     "mechanism": st.one_of(st.sampled_from(MECHANISMS), LABEL),
     "min_separation": SMALL_INT,
     "max_participations": SMALL_INT,
-    "bands": SMALL_INT,
-    "buffers": SMALL_INT,
-    "estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL, st.sampled_from(EXTREMES)),
     "sampling_rate": st.one_of(st.floats(0, 1), st.sampled_from(EXTREMES)),
     "clients_per_round": SMALL_INT,
     "clip": NUMBER,
@@ -255,7 +252,13 @@ NEW_PRIVACY = {
     "clip_lr": NUMBER,
 }
 #: the privacy section's fields that take numbers (a boolean there must be refused, not read as 1 or 0)
-NUMERIC = {k for k in NEW_PRIVACY if k not in ("sampling", "mechanism", "estimator", "adaptive_clip")}
+NUMERIC = {k for k in NEW_PRIVACY if k not in ("sampling", "mechanism", "adaptive_clip")}
+#: the noise mechanisms' options, keys of the [privacy.mechanism] table
+MECHANISM_OPTIONS = {
+    "bands": SMALL_INT,
+    "buffers": SMALL_INT,
+    "estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL, st.sampled_from(EXTREMES)),
+}
 
 
 @st.composite
@@ -265,7 +268,7 @@ def coherent_privacy(draw) -> dict:
     schedule = draw(st.sampled_from(SCHEDULES))
     scheduled = schedule in ("cyclic", "min-separation")
     mechanism = draw(st.sampled_from(MECHANISMS if scheduled or schedule == "all" else ["independent"]))
-    p: dict = {"sampling": schedule, "mechanism": mechanism}
+    p: dict = {"sampling": schedule}
     if schedule == "fixed":
         p["clients_per_round"] = draw(st.integers(1, 30))
     elif schedule in ("poisson", "min-separation") or (schedule == "cyclic" and draw(st.booleans())):
@@ -274,12 +277,14 @@ def coherent_privacy(draw) -> dict:
         p["min_separation"] = draw(st.integers(1, 6))
         if schedule == "min-separation" and draw(st.booleans()):
             p["max_participations"] = draw(st.integers(1, 4))
+    options = {}
     if mechanism == "banded-mf" and draw(st.booleans()):
-        p["bands"] = draw(st.integers(1, p.get("min_separation", 1)))
+        options["bands"] = draw(st.integers(1, p.get("min_separation", 1)))
     if mechanism == "blt" and draw(st.booleans()):
-        p["buffers"] = draw(st.integers(1, 3))
+        options["buffers"] = draw(st.integers(1, 3))
     if mechanism == "tree" and draw(st.booleans()):
-        p["estimator"] = draw(st.sampled_from(["standard", "honaker"]))
+        options["estimator"] = draw(st.sampled_from(["standard", "honaker"]))
+    p["mechanism"] = {"name": mechanism, **options} if options else mechanism  # the name alone: its shorthand
     # calibration under a schedule or correlated noise (calibrating independent rounds, with its bisection, takes
     # seconds an example; tests/privacy covers it)
     if (scheduled or mechanism != "independent") and draw(st.booleans()):
@@ -305,8 +310,15 @@ def new_privacy_sections(draw) -> dict:
     privacy = doc["privacy"]
     privacy.pop("sampling_rate")
     privacy.update(draw(coherent_privacy()))
-    for key in draw(st.lists(st.sampled_from(sorted(NEW_PRIVACY)), max_size=3, unique=True)):
-        privacy[key] = draw(NEW_PRIVACY[key], label=key)
+    for key in draw(
+        st.lists(st.sampled_from(sorted({*NEW_PRIVACY, *MECHANISM_OPTIONS})), max_size=3, unique=True)
+    ):
+        if key in MECHANISM_OPTIONS:  # into the mechanism's table, which keeps its name
+            mechanism = privacy["mechanism"]
+            table = dict(mechanism) if isinstance(mechanism, dict) else {"name": mechanism}
+            privacy["mechanism"] = {**table, key: draw(MECHANISM_OPTIONS[key], label=key)}
+        else:
+            privacy[key] = draw(NEW_PRIVACY[key], label=key)
     doc["rounds"] = draw(st.sampled_from([1, 3, 12]))
     return doc
 
@@ -330,10 +342,14 @@ def test_the_newer_privacy_options_load_or_are_refused_naming_the_field(doc):
     got = _load_doc(doc)
     given_ = doc["privacy"]
     booleans = sorted(k for k in NUMERIC if isinstance(given_.get(k), bool))
+    table = given_["mechanism"] if isinstance(given_["mechanism"], dict) else {}
     event("loaded" if isinstance(got, Scenario) else "refused")
     if booleans:  # true is never read as 1 (canaries = true was one canary)
         assert isinstance(got, ScenarioError), (booleans, got)
         assert all(f"privacy.{k}: must be " in str(got) for k in booleans), got
+        return
+    if any(isinstance(v, bool) for k, v in table.items() if k != "name"):  # nor as an option's 1 or 0
+        assert isinstance(got, ScenarioError) and "privacy.mechanism" in str(got), (table, got)
         return
     if isinstance(got, ScenarioError):
         assert "privacy" in str(got) and "Traceback" not in str(got), got
@@ -397,9 +413,6 @@ FLAG_OF = {
     "clients_per_round": "--clients-per-round",
     "min_separation": "--min-separation",
     "max_participations": "--max-participations",
-    "bands": "--bands",
-    "buffers": "--buffers",
-    "estimator": "--estimator",
     "noise_multiplier": "--noise-multiplier",
     "target_epsilon": "--target-epsilon",
 }
@@ -409,10 +422,10 @@ NEW_PRIVACY_FLAGS = {
     "--mechanism": st.one_of(st.sampled_from(MECHANISMS), LABEL),
     "--min-separation": INT_TEXT,
     "--max-participations": INT_TEXT,
-    "--bands": INT_TEXT,
-    "--buffers": INT_TEXT,
+    "--option bands": INT_TEXT,
+    "--option buffers": INT_TEXT,
     "--clients-per-round": INT_TEXT,
-    "--estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL),
+    "--option estimator": st.one_of(st.sampled_from(["standard", "honaker"]), LABEL),
     "--sampling-rate": st.sampled_from(EXTREME_TEXT),
     "--noise-multiplier": st.sampled_from(EXTREME_TEXT),
     "--clip": st.sampled_from(EXTREME_TEXT),
@@ -433,7 +446,12 @@ def test_fedsim_privacy_with_schedules_and_mechanisms_answers_or_exits_2(base, f
     clip or delta, replaced by extreme values, text or out-of-range numbers): a result or exit 2 with one line
     naming the option, never a traceback (1e300 and 1e-300 were an OverflowError or a ZeroDivisionError, a target
     epsilon out of reach dp-accounting's root-finder ValueError)."""
-    options = {FLAG_OF[k]: str(v) for k, v in base.items() if k in FLAG_OF}
+    options = {FLAG_OF[k]: str(v) for k, v in base.items() if k in FLAG_OF and k != "mechanism"}
+    mechanism = (
+        dict(base["mechanism"]) if isinstance(base["mechanism"], dict) else {"name": base["mechanism"]}
+    )
+    options["--mechanism"] = mechanism.pop("name")
+    options.update({f"--option {k}": str(v) for k, v in mechanism.items()})  # --option KEY=VALUE
     for flag in flags:
         options[flag] = data.draw(NEW_PRIVACY_FLAGS[flag], label=flag)
     if "--sampling-rate" in options and "--clients-per-round" in options:  # argparse: one or the other
@@ -443,7 +461,7 @@ def test_fedsim_privacy_with_schedules_and_mechanisms_answers_or_exits_2(base, f
     methods = ["pld", "igmm"] if pld else ["rdp"]
     argv = ["privacy", "--json", "--population", "200", "--rounds", rounds, "--methods", *methods]
     for flag, value in options.items():
-        argv += [flag, value]
+        argv += ["--option", f"{flag.split()[1]}={value}"] if flag.startswith("--option ") else [flag, value]
     code, _, err = _cli(argv)
     event(f"exit {code}")
     assert "Traceback" not in err, err

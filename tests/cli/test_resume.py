@@ -19,6 +19,7 @@ import torch
 
 from fedsim.cli import main
 from fedsim.engine import runner
+from fedsim.privacy.settings import extension_refusal
 from fedsim.report.checkpoint import CheckpointError, read_checkpoint, retarget_checkpoint
 from fedsim.report.rundir import RunWriter
 
@@ -281,7 +282,7 @@ def test_a_tree_run_extends_to_the_run_from_scratch(tmp_path, capsys, no_plots):
     [
         (
             ["privacy.sampling=cyclic", "privacy.min_separation=2", "privacy.mechanism=banded-mf"],
-            "mechanism 'banded-mf' optimised its banded Toeplitz coefficients (privacy.bands of them) for the 2 "
+            "mechanism 'banded-mf' optimised its banded Toeplitz coefficients (privacy.mechanism.bands of them) for the 2 "
             "rounds planned, and the checkpoint keeps them, so 3 rounds from here would add noise optimised for 2 "
             "rounds, not the run that rounds=3 gives from scratch (optimised for 3 rounds)",
         ),
@@ -307,9 +308,9 @@ def test_an_extension_that_would_not_be_the_run_from_scratch_is_refused_saying_w
 
 
 def test_each_mechanism_says_whether_and_why_its_run_cannot_be_extended():
-    assert runner.extension_refusal("independent", 5, 8) is None
-    assert runner.extension_refusal("tree", 5, 8) is None
+    assert extension_refusal("independent", 5, 8) is None
+    assert extension_refusal("tree", 5, 8) is None
     for name in ("banded-mf", "blt"):
-        why = runner.extension_refusal(name, 5, 8)
+        why = extension_refusal(name, 5, 8)
         assert why.startswith(f"mechanism {name!r} optimised its ") and "for the 5 rounds planned" in why
         assert "optimised for 8 rounds" in why

@@ -51,23 +51,27 @@ CYCLIC_MF = ["privacy.sampling=cyclic", "privacy.sampling_rate=none", "privacy.m
 def test_bands_beyond_the_rounds_are_refused_naming_both(capsys):
     with pytest.raises(ScenarioError) as err:
         load_scenario(
-            "quickstart", [*CYCLIC_MF, "privacy.mechanism=banded-mf", "privacy.bands=200", "rounds=20"]
+            "quickstart",
+            [*CYCLIC_MF, "privacy.mechanism=banded-mf", "privacy.mechanism.bands=200", "rounds=20"],
         )
     msg = str(err.value)
-    assert "privacy.bands=200" in msg and "rounds=20" in msg and "allowed: 1 to 20" in msg
+    assert "privacy.mechanism.bands=200" in msg and "rounds=20" in msg and "allowed: 1 to 20" in msg
     # the command line: exit 2, the same message, nothing run
     argv = ["run", "quickstart", *(f"--set={s}" for s in [*CYCLIC_MF, "privacy.mechanism=banded-mf"])]
-    assert main([*argv, "--set", "privacy.bands=21", "--set", "rounds=20"]) == 2
+    assert main([*argv, "--set", "privacy.mechanism.bands=21", "--set", "rounds=20"]) == 2
     err_text = capsys.readouterr().err
-    assert "privacy.bands=21" in err_text and "rounds=20" in err_text and "Traceback" not in err_text
+    assert (
+        "privacy.mechanism.bands=21" in err_text and "rounds=20" in err_text and "Traceback" not in err_text
+    )
 
 
 def test_bands_up_to_the_rounds_run_as_given():
     s = load_scenario(
-        "quickstart", [*CYCLIC_MF, "privacy.mechanism=banded-mf", "privacy.bands=20", "rounds=20"]
+        "quickstart", [*CYCLIC_MF, "privacy.mechanism=banded-mf", "privacy.mechanism.bands=20", "rounds=20"]
     )
     strategy = build_strategy(s, population=90)
-    assert strategy.noise.bands == 20 == s.privacy.bands  # config.toml's value is the one that runs
+    # config.toml's value is the one that runs
+    assert strategy.noise.bands == 20 == s.privacy.mechanism_options()["bands"]
     assert len(strategy.noise.coefficients) == 20
 
 

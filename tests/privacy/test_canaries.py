@@ -156,6 +156,9 @@ class TenthOfTheNoise(NoiseSource):
     nominal noise multiplier (the bug a canary audit exists to catch)."""
 
     name: ClassVar[str] = "test-tenth-of-the-noise"
+    # the lie: it declares the Gaussian release of the noise it was asked for, and adds a tenth of it
+    noise_kind: ClassVar[str] = "gaussian"
+    dp_release = NoiseSource.dp_release
 
     def noise(
         self, round_: int, purpose: str, size: int | None, std: Any, *, client: int | None = None

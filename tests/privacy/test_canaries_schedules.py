@@ -93,6 +93,9 @@ class TreeWithoutNoise(TreeAggregation):
     strategy's ledger records the nominal noise multiplier (the bug a canary audit exists to catch)."""
 
     name: ClassVar[str] = "test-tree-without-noise"
+    # the lie: it declares tree aggregation's Gaussian release, and adds no noise
+    noise_kind: ClassVar[str] = "gaussian"
+    dp_release = TreeAggregation.dp_release
 
     def noise(
         self, round_: int, purpose: str, size: int | None, std: Any, *, client: int | None = None

@@ -23,12 +23,23 @@ import math
 import numpy as np
 
 from fedsim.privacy import closed_forms
-from fedsim.privacy.accountants import compute_curve, epsilon_at, validate_delta, validate_rounds
+from fedsim.privacy.accountants import (
+    DEFAULT_ACCOUNTANT,
+    compute_curve,
+    epsilon_at,
+    validate_delta,
+    validate_rounds,
+)
 from fedsim.privacy.errors import PrivacyInputError
 from fedsim.privacy.gaussian import gaussian_delta
 from fedsim.privacy.mechanism import Mechanism
 
 __all__ = ["audit_closed_forms", "audit_igmm_params"]
+
+
+#: where each theorem's printed Chernoff factor stops being defined (eps' at or above it): named in the verdict
+_IGMM_UNDEFINED_AT = "T*et"
+_THM8_UNDEFINED_AT = "p*T*et8"
 
 
 def _fmt(x) -> str:
@@ -80,7 +91,7 @@ def audit_igmm_params(N, tau, T, sigma, D, step_delta, dtil) -> dict:
         out["dtil_prime_sign_corrected"] = None
         out["optimal_delta_at_eps_prime"] = None
         out["below_optimal"] = None
-    out["verdict"] = _verdict(out)
+    out["verdict"] = _verdict(out, _IGMM_UNDEFINED_AT)
     return out
 
 
@@ -120,13 +131,30 @@ def _audit_thm8(N, tau, T, z, step_delta, dtil) -> dict:
     else:
         out["optimal_delta_at_eps_prime"] = None
         out["below_optimal"] = None
-    out["verdict"] = _verdict(out)
+    out["verdict"] = _verdict(out, _THM8_UNDEFINED_AT)
     return out
 
 
-def _verdict(a: dict) -> str:
+def _audit_igmm_of(mechanism: Mechanism, p: dict, rounds: int, step_delta: float, dtil: float) -> dict:
+    return audit_igmm_params(p["N"], p["tau"], rounds, p["sigma"], p["D"], step_delta, dtil)
+
+
+def _audit_thm8_of(mechanism: Mechanism, p: dict, rounds: int, step_delta: float, dtil: float) -> dict:
+    return _audit_thm8(p["N"], p["tau"], rounds, mechanism.noise_multiplier, step_delta, dtil)
+
+
+#: the paper bounds audited: each accountant's name, where its printed statement is undefined, and its audit at a
+#: mechanism's paper parameters (``Mechanism.igmm_params``), the per-step delta and the dtil its curve used
+_AUDITS = (
+    ("igmm", _IGMM_UNDEFINED_AT, _audit_igmm_of),
+    ("dp-fl-thm8", _THM8_UNDEFINED_AT, _audit_thm8_of),
+)
+
+
+def _verdict(a: dict, bound: str) -> str:
+    """The audit's one-line verdict; ``bound``: the eps' at or above which the printed Chernoff factor is
+    undefined (the theorem's own expression)."""
     if not a["defined"]:
-        bound = "T*et" if a["method"] == "igmm" else "p*T*et8"
         return (
             f"paper bound; no statement at T={a['T']:g}: eps'={_fmt(a['eps_prime'])} >= {bound}="
             f"{_fmt(a['defined_below'])}, so the printed Chernoff factor is undefined"
@@ -162,7 +190,7 @@ def audit_closed_forms(
     *,
     step_delta: float | None = None,
     dtil: float | None = None,
-    certified_method: str = "pld",
+    certified_method: str = DEFAULT_ACCOUNTANT,
 ) -> dict:
     """Audit ``igmm`` and ``dp-fl-thm8`` for ``mechanism`` after ``rounds`` rounds at target ``delta``.
 
@@ -184,23 +212,20 @@ def audit_closed_forms(
                 "certified_epsilon": math.inf,
                 "verdict": verdict,
             }
-            for m in ("igmm", "dp-fl-thm8")
+            for m, _, _ in _AUDITS
         }
     p = mechanism.igmm_params()
     out = {}
-    for method in ("igmm", "dp-fl-thm8"):
+    for method, bound, audit in _AUDITS:
         c = compute_curve(mechanism, rounds, delta, method, step_delta=step_delta, dtil=dtil, _only_last=True)
         ds = float(c.details["step_delta"][-1])
         dt = float(c.details["dtil"])
-        if method == "igmm":
-            a = audit_igmm_params(p["N"], p["tau"], rounds, p["sigma"], p["D"], ds, dt)
-        else:
-            a = _audit_thm8(p["N"], p["tau"], rounds, mechanism.noise_multiplier, ds, dt)
+        a = audit(mechanism, p, rounds, ds, dt)
         a["status"] = str(c.status[-1])
         cert_delta = a["delta_prime"] if a["statement"] and 0 < a["delta_prime"] < 1 else delta
         a["certified_method"] = certified_method
         a["certified_delta"] = cert_delta
         a["certified_epsilon"] = epsilon_at(mechanism, rounds, cert_delta, certified_method)
-        a["verdict"] = _verdict(a)
+        a["verdict"] = _verdict(a, bound)
         out[method] = a
     return out

@@ -6,6 +6,7 @@ import math
 
 from fedsim.privacy.accountants import (
     ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
     epsilon_at,
     validate_delta,
     validate_method,
@@ -25,7 +26,7 @@ def calibrate_noise(
     target_epsilon: float,
     delta: float,
     rounds: int,
-    method: str = "pld",
+    method: str = DEFAULT_ACCOUNTANT,
     *,
     z_min: float = CALIBRATION_RANGE[0],
     z_max: float = CALIBRATION_RANGE[1],

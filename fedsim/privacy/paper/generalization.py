@@ -32,7 +32,7 @@ import math
 import numpy as np
 from scipy.optimize import brentq
 
-from fedsim.privacy.accountants import compute_curve
+from fedsim.privacy.accountants import DEFAULT_ACCOUNTANT, compute_curve
 from fedsim.privacy.errors import PrivacyInputError
 
 __all__ = [
@@ -353,7 +353,7 @@ def min_population(
     mechanism,
     rounds: int,
     delta: float,
-    method: str = "pld",
+    method: str = DEFAULT_ACCOUNTANT,
     version: str = "uai",
     max_population: int = 10**9,
 ) -> int | None:
