@@ -31,7 +31,6 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.flower import protocol
 from fedsim.labels import NON_PRIVATE
 from fedsim.privacy import Ledger, Mechanism, ScheduleAccounting
-from fedsim.privacy.accountants import CERTIFIED
 from fedsim.privacy.mechanism import ZERO_OUT
 from fedsim.privacy.schedule import schedule_bounds
 from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, check_combination, deployment_refusal
@@ -52,7 +51,7 @@ from fedsim.round import (
     private_mean,
     randomness_kind,
 )
-from fedsim.validation import PrivacyInputError, one_of
+from fedsim.validation import PrivacyInputError
 
 from .server_opt import ServerOptimizer
 
@@ -155,17 +154,24 @@ class DPFedAvg(Strategy):
                 name = noise.name if noise_obj is not None else noise
                 settings["mechanism"] = name if name in NOISE_SOURCES else "independent"
             privacy = PrivacySettings(**settings)
-        elif settings or sampling != "poisson" or (noise is not None and noise_obj is None):
-            given = (
-                sorted(settings)
-                + (["sampling"] if sampling != "poisson" else [])
-                + (["noise"] if noise else [])
+        else:
+            named = (["sampling"] if isinstance(sampling, str) and sampling != "poisson" else []) + (
+                ["noise"] if isinstance(noise, str) else []
             )
-            raise PrivacyInputError(
-                "privacy",
-                given,
-                "give the privacy settings either as one PrivacySettings or as keywords, not both",
-            )
+            if settings or named:
+                raise PrivacyInputError(
+                    "privacy",
+                    sorted(settings) + named,
+                    "give the privacy settings either as one PrivacySettings or as keywords, not both",
+                )
+            for what, obj, name in (
+                ("sampling", sampler_obj, privacy.sampling),
+                ("noise", noise_obj, privacy.mechanism),
+            ):
+                if obj is not None and obj.name != name and (what == "sampling" or obj.name in NOISE_SOURCES):
+                    raise PrivacyInputError(
+                        what, obj.name, f"the privacy settings name {what} {name!r}: give one or the other"
+                    )
         self.privacy: PrivacySettings = privacy
         # pluggable, with state a checkpoint can save: who takes part, and where the noise comes from
         self.sampler: Sampler = make_sampler(sampler_obj or privacy.sampling, seed)
@@ -188,7 +194,6 @@ class DPFedAvg(Strategy):
         if self.scheduled:  # a correlated mechanism fixes its strategy matrix for the schedule
             self.noise.prepare(rounds, *self.schedule_bounds())
         self._accounting: ScheduleAccounting | None = None
-        one_of("accountant", privacy.accountant, tuple(sorted(CERTIFIED)))
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise PrivacyInputError("fraction_evaluate", fraction_evaluate, "must be in [0, 1]")
         if fraction_evaluate > 0 and not diagnostics:

@@ -32,7 +32,7 @@ from fedsim.validation import (
     positive_finite,
 )
 
-from .accountants import DEFAULT_ACCOUNTANT
+from .accountants import CERTIFIED_KIND, DEFAULT_ACCOUNTANT, validate_method
 from .mechanism import Mechanism
 
 __all__ = [
@@ -122,6 +122,9 @@ class PrivacySettings:
         set_(self, "clip", float(clip))
         set_(self, "noise_multiplier", float(z))
         set_(self, "delta", open_unit("delta", self.delta))
+        validate_method(
+            self.accountant, "accountant", kind=CERTIFIED_KIND
+        )  # what a run reports as its epsilon
         if self.max_epsilon is not None:
             set_(self, "max_epsilon", positive_finite("max_epsilon", self.max_epsilon))
         if self.target_epsilon is not None:
