@@ -77,7 +77,7 @@ def register_engine(
     *,
     drives_loop: bool = False,
     supports_round_timeout: bool = True,
-    supports_canaries: bool = True,
+    supports_canaries: bool | None = None,
     replace: bool = False,
 ) -> EngineEntry:
     """Register an engine under ``name`` (what a scenario's ``engine.name`` then accepts); returns its entry.
@@ -85,7 +85,8 @@ def register_engine(
     ``target``: ``"package.module:attribute"`` (imported when the engine is first used) or the object itself:
     a factory ``start(scenario, data, settings) -> Engine``, or an object whose ``start`` is one; with
     ``drives_loop=True``, an object with ``run_scenario(scenario, *, on_row, writer) -> RunResult``.
-    ``supports_round_timeout`` and ``supports_canaries``: what the engine can do (:class:`EngineEntry`); a scenario
+    ``supports_round_timeout`` and ``supports_canaries`` (default: unless it drives its own loop, which fedsim's
+    round loop, where canaries are inserted, then does not run): what the engine can do (:class:`EngineEntry`); a scenario
     asking an engine for what it declares it cannot do is refused when it is validated.
     A name registered already is a ``ValueError`` unless ``replace=True``."""
     if not isinstance(name, str) or not name or name != name.strip():
@@ -99,7 +100,9 @@ def register_engine(
             f"engine {name!r} is registered already (registered: {_listed()}); "
             "pass replace=True to register it again"
         )
-    entry = EngineEntry(name, target, description, drives_loop, supports_round_timeout, supports_canaries)
+    # canaries are inserted by fedsim's round loop: an engine that drives its own loop does not run them unless it says so
+    canaries = not drives_loop if supports_canaries is None else bool(supports_canaries)
+    entry = EngineEntry(name, target, description, drives_loop, supports_round_timeout, canaries)
     ENGINES[name] = entry
     return entry
 

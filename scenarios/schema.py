@@ -822,17 +822,18 @@ class Scenario(_Section):
         modules = data.get("plugins") if isinstance(data, dict) else None
         if not modules:
             return data
-        if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
+        if not isinstance(modules, list | tuple) or not all(isinstance(m, str) and m for m in modules):
             raise ValueError(
                 f"plugins must be a list of module names, e.g. ['mypackage.mechanisms']; got {modules!r}"
             )
         for module in modules:
             try:
                 importlib.import_module(module)
-            except ImportError as exc:
+            except Exception as exc:  # not found, a relative name, or the plugin's own import failing
                 raise ValueError(
-                    f"plugins: cannot import {module!r} ({exc}); it must be installed, or on PYTHONPATH, in every "
-                    "process that loads the scenario (Ray workers and ClientApps too)"
+                    f"plugins: cannot import {module!r} ({type(exc).__name__}: {exc}); it must be an importable "
+                    "module, installed or on PYTHONPATH, in every process that loads the scenario (Ray workers and "
+                    "ClientApps too)"
                 ) from None
         return data
 

@@ -44,6 +44,7 @@ from fedsim.round import (
     RoundPlan,
     Sampler,
     bounded_value,
+    check_declared,
     id_array,
     make_noise_source,
     make_sampler,
@@ -140,7 +141,7 @@ class DPFedAvg(Strategy):
         ledger: Ledger | None = None,
         distributed_without_secagg: bool = False,
         rounds: int | None = None,
-        sampling: str | Sampler = "poisson",
+        sampling: str | Sampler | None = None,
         noise: str | NoiseSource | None = None,
         **settings: Any,
     ) -> None:
@@ -148,14 +149,21 @@ class DPFedAvg(Strategy):
         # or noise mechanism given as an object (with state, or not registered) is checked by the same rules
         sampler_obj = sampling if isinstance(sampling, Sampler) else None
         noise_obj = noise if isinstance(noise, NoiseSource) else None
+        if (
+            noise_obj is not None
+        ):  # an object drawing its own noise must declare what it releases, registered or not
+            check_declared(type(noise_obj))
         if privacy is None:
-            settings["sampling"] = sampling.name if sampler_obj is not None else sampling
-            if noise is not None:
-                name = noise.name if noise_obj is not None else noise
-                settings["mechanism"] = name if name in NOISE_SOURCES else "independent"
+            if sampling is not None:
+                settings["sampling"] = sampling.name if sampler_obj is not None else sampling
+            if isinstance(noise, str):  # a name: the registry's (an unknown one is refused)
+                settings["mechanism"] = noise
+            elif noise_obj is not None and noise_obj.name in NOISE_SOURCES:
+                settings["mechanism"] = noise_obj.name
+            # an object of an unregistered class: checked below by the same rules, through its own declarations
             privacy = PrivacySettings(**settings)
         else:
-            named = (["sampling"] if isinstance(sampling, str) and sampling != "poisson" else []) + (
+            named = (["sampling"] if isinstance(sampling, str) else []) + (
                 ["noise"] if isinstance(noise, str) else []
             )
             if settings or named:
@@ -237,7 +245,8 @@ class DPFedAvg(Strategy):
     def mechanism(self, population: int, clip: float | None = None) -> Mechanism:
         """The round's mechanism over ``population`` clients (``clip``: the clip applied this round), from the privacy
         settings (:meth:`PrivacySettings.mechanism_at`), validated once per population and clip."""
-        key = (int(population), float(self.clip if clip is None else clip))
+        # the public population is part of the key: a deployment sets it after the strategy was built
+        key = (int(population), float(self.clip if clip is None else clip), self.population)
         if key not in self._mechanisms:  # one entry: the clip moves with adaptive clipping
             m = self.privacy.mechanism_at(key[0], clip=key[1], public_population=self.population)
             self._mechanisms = {key: m.replace(noise_kind=self.noise.noise_kind)}

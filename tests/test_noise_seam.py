@@ -145,3 +145,32 @@ def test_a_mechanism_that_draws_without_declaring_its_release_is_refused():
 
     with pytest.raises(TypeError, match="does not declare dp_release"):
         register_noise_source(OnlyKind)
+
+
+def test_a_noise_kind_that_is_not_gaussian_must_name_its_accountants():
+    @dataclass
+    class Quiet(NoiseSource):
+        name: ClassVar[str] = "toy-quiet-laplace"
+        noise_kind: ClassVar[str] = "laplace"
+
+        def noise(self, round_: int, purpose: str, size: Any, std: Any, *, client: Any = None) -> Any:
+            return self.rng(round_, 0).laplace(0.0, std, size)
+
+        def dp_release(self, round_: int, release: Any, schedule: Any = None) -> Any:
+            return release
+
+    with pytest.raises(TypeError, match="does not declare accountants"):
+        register_noise_source(Quiet)
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ('["no_such_plugin_module"]', "cannot import 'no_such_plugin_module' .ModuleNotFoundError"),
+        ('["..relative"]', "cannot import '..relative'"),
+        ("1", "plugins must be a list of module names"),
+    ],
+)
+def test_a_plugin_that_cannot_be_imported_is_refused_naming_it(value, match):
+    with pytest.raises(ScenarioError, match=match):
+        load_scenario("quickstart", [f"plugins={value}"])

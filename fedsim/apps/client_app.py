@@ -18,6 +18,8 @@ key                   meaning
 ``noise-shares``      the largest number of shares the noise may be split into (default: the scenario's
                       expected cohort): the node's share is at least ``z * clip / sqrt(noise-shares)``
 ``count-noise-multiplier``  adaptive clipping: the floor on the noise of the node's unclipped bit
+``noise-mechanism``   with ``noise-multiplier`` set: the mechanism this node draws its shares with and whose share
+                      rule gives its floor (default ``independent``, Gaussian); a run config naming another is refused
 ``allow-evaluate``    ``true``: answer evaluate messages (exact example count, loss and accuracy of this
                       client: not covered by epsilon). A node with distributed noise refuses them otherwise
 ====================  ===================================================================================
@@ -60,8 +62,7 @@ from fedsim.flower.protocol import (
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
 )
-from fedsim.round import NoiseSource, flatten, placement
-from fedsim.round.noise import gaussian_share
+from fedsim.round import NoiseSource, flatten, make_noise_source, placement
 from fedsim.training.evaluation import client_means
 from fedsim.training.trainer import ClientPlan
 
@@ -73,6 +74,7 @@ NODE_CLIP = "clip"
 NODE_SHARES = "noise-shares"
 NODE_COUNT_NOISE_MULTIPLIER = "count-noise-multiplier"
 NODE_ALLOW_EVALUATE = "allow-evaluate"
+NODE_MECHANISM = "noise-mechanism"
 #: relative slack for comparing the server's floats with the node's floor (float32/float64 round trips)
 _SLACK = 1e-9
 
@@ -122,7 +124,7 @@ class NoisePolicy:
         count_z = strategy._count_noise_multiplier(model) if p.adaptive_clip else 0.0
         return cls(
             distributed=True,
-            noise=settings.noise_source(noise_seed).for_clients(),
+            noise=_node_noise(settings, node, noise_seed),
             noise_multiplier=_positive(node, NODE_NOISE_MULTIPLIER, p.noise_multiplier),
             clip=_positive(node, NODE_CLIP, math.inf if p.adaptive_clip else p.clip),
             shares=_positive(node, NODE_SHARES, model.expected_cohort),
@@ -159,7 +161,8 @@ class NoisePolicy:
                 f"floor {need:.4g} (noise multiplier {self.noise_multiplier:g} over at most {self.shares:g} shares)"
             )
         count = max(_number(config.get(CFG_COUNT_NOISE_STD, 0.0)) or 0.0, 0.0)  # 0: no bit is sent
-        count_need = gaussian_share(self.count_noise_multiplier, self.shares)  # a Gaussian release of its own
+        assert self.noise is not None
+        count_need = self.noise.share_scale(self.count_noise_multiplier, self.shares)  # the server's rule too
         if 0 < count < count_need * (1 - _SLACK):
             raise NoiseRefused(
                 f"{why}; the message asks for a noise share of std {count:.4g} on the unclipped bit, below this "
@@ -168,7 +171,31 @@ class NoisePolicy:
         return clip, share, count
 
 
-_NODE_KEYS = (NODE_NOISE_MULTIPLIER, NODE_CLIP, NODE_SHARES, NODE_COUNT_NOISE_MULTIPLIER, NODE_ALLOW_EVALUATE)
+_NODE_KEYS = (
+    NODE_NOISE_MULTIPLIER,
+    NODE_CLIP,
+    NODE_SHARES,
+    NODE_COUNT_NOISE_MULTIPLIER,
+    NODE_ALLOW_EVALUATE,
+    NODE_MECHANISM,
+)
+
+
+def _node_noise(settings: Any, node: dict[str, Any], noise_seed: int | None) -> NoiseSource:
+    """The mechanism this node draws its shares with, and whose share rule gives its floor: the run config's, unless
+    the node keeps its own policy (``noise-multiplier`` in its node config). Such a node takes the mechanism from its
+    own config (``noise-mechanism``, default ``independent``: Gaussian shares) and refuses a run config that names
+    another: a server could otherwise lower the node's floor by naming a mechanism whose shares split less noise
+    per client."""
+    if NODE_NOISE_MULTIPLIER not in node:
+        return settings.noise_source(noise_seed).for_clients()
+    own = str(node.get(NODE_MECHANISM, "independent")).strip()
+    if own != settings.mechanism:
+        raise NoiseRefused(
+            f"this node adds {own!r} noise (its node config); the run config names mechanism {settings.mechanism!r}. "
+            f"Set {NODE_MECHANISM}={settings.mechanism} in the node config to accept it"
+        )
+    return make_noise_source(own, noise_seed).for_clients()
 
 
 def _number(value: Any) -> float | None:

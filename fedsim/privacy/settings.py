@@ -219,12 +219,12 @@ def _adaptive(settings: Any) -> bool:
 
 def _check_noise(settings: Any, sampler: Any, noise: Any) -> None:
     where = placement(settings.noise_placement)
-    if where.name not in noise.placements:
+    # correlated noise is central by its schedule's rule (_check_schedule), with that rule's message
+    if where.name not in noise.placements and not noise.correlated:
         raise PrivacyInputError(
             "noise_placement",
             where.name,
-            f"is not a placement mechanism={noise.name!r} supports (allowed: {', '.join(noise.placements)})"
-            + (": its noise is drawn and combined across rounds by the server" if noise.correlated else ""),
+            f"is not a placement mechanism={noise.name!r} supports (allowed: {', '.join(noise.placements)})",
         )
     allowed = noise.accountants
     if allowed is not None and settings.accountant not in allowed:
@@ -233,20 +233,22 @@ def _check_noise(settings: Any, sampler: Any, noise: Any) -> None:
             settings.accountant,
             f"cannot account mechanism={noise.name!r} ({noise.noise_kind} noise); allowed: {', '.join(allowed)}",
         )
-    if noise.single_release and not noise.correlated:  # correlated noise: the schedule's message, below
+    gaussian = noise.noise_kind == Mechanism.__dataclass_fields__["noise_kind"].default
+    if (noise.single_release or not gaussian) and not noise.correlated:  # correlated: the schedule's message
         what = f"mechanism={noise.name!r} ({noise.noise_kind} noise)"
         if _adaptive(settings):
             raise PrivacyInputError(
                 "adaptive_clip",
                 True,
-                f"is not supported with {what}: adaptive clipping's count is a Gaussian release of its own, and "
-                "this mechanism noises the model update only",
+                f"is not supported with {what}: adaptive clipping's count is a release of its own, with its own "
+                "sensitivity, and this mechanism noises and accounts the model update only",
             )
         if settings.agnostic:
             raise PrivacyInputError(
                 "strategy",
                 "agnostic",
-                f"agnostic FL's per-domain loss releases are Gaussian releases of their own, not noised by {what}",
+                f"agnostic FL's per-domain loss releases are releases of their own, with their own sensitivity, "
+                f"and {what} noises and accounts the model update only",
             )
 
 

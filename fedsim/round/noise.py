@@ -25,8 +25,9 @@ A noise mechanism owns its privacy meaning, declared beside its draw (``docs/arc
   ``single_release`` (it noises the model update only: adaptive clipping's count and agnostic FL's losses are
   refused).
 
-A class that draws its own noise (overrides :meth:`NoiseSource.noise`) without declaring its event in the same
-class or below is refused when it is registered: nothing is ever accounted as Gaussian by default.
+A class that decides its own noise (overrides :meth:`NoiseSource.noise`, :meth:`NoiseSource.server_noise` or
+:meth:`NoiseSource.share_scale`) without declaring its kind and event in the same class or below is refused when it
+is registered or given to a strategy: nothing is ever accounted as Gaussian by default.
 """
 
 from __future__ import annotations
@@ -186,8 +187,9 @@ class NoiseSource(SeededState):
     #: what it fixes for the planned rounds before round 1 (so a run extended past them would not be the longer run
     #: from scratch: the resume refusal names it); None: nothing, a run extends
     fixed_for_rounds: ClassVar[str | None] = None
-    #: whether only the model update may be released with it (adaptive clipping's count and agnostic FL's losses
-    #: would be drawn by its draw but are accounted as Gaussian releases of their own)
+    #: whether only the model update may be released with it: adaptive clipping's count and agnostic FL's losses are
+    #: releases of their own, with their own sensitivity, drawn and recorded by this mechanism (a mechanism that is not
+    #: Gaussian is always taken as single-release by the rules)
     single_release: ClassVar[bool] = False
 
     def dp_release(self, round_: int, release: Any, schedule: Any | None = None) -> Any:
@@ -240,7 +242,10 @@ class NoiseSource(SeededState):
 NOISE_SOURCES: dict[str, type[NoiseSource]] = {}
 
 
-#: what a noise mechanism must declare in the class that draws its noise, or below it
+#: what decides the noise a mechanism adds: its draw, the server's part and a client's share
+DRAWS = ("noise", "server_noise", "share_scale")
+#: what a noise mechanism must declare in the class that decides its noise (:data:`DRAWS`), or below it; a mechanism
+#: whose noise is not Gaussian also says which accountants can account it
 DECLARED = ("noise_kind", "dp_release")
 
 
@@ -249,15 +254,18 @@ def _owner(cls: type, attribute: str) -> type:
 
 
 def check_declared(cls: type[NoiseSource]) -> None:
-    """Refuse a mechanism that draws its own noise (overrides :meth:`NoiseSource.noise`) without declaring, in the
-    same class or below, its ``noise_kind`` and :meth:`NoiseSource.dp_release`: it would otherwise inherit the
-    Gaussian event of the class whose draw it replaced, and be accounted as Gaussian noise it does not add."""
-    draw = _owner(cls, "noise")
-    missing = [a for a in DECLARED if not issubclass(_owner(cls, a), draw)]
+    """Refuse a mechanism that decides its own noise (overrides one of :data:`DRAWS`) without declaring, in the same
+    class or below, its ``noise_kind`` and :meth:`NoiseSource.dp_release` (and, for noise that is not Gaussian, its
+    ``accountants``): it would otherwise inherit the Gaussian event of the class whose noise it replaced, and be
+    accounted as Gaussian noise it does not add."""
+    owners = {d: _owner(cls, d) for d in DRAWS}
+    what, draw = max(owners.items(), key=lambda item: len(item[1].__mro__))  # the most derived
+    declared = (*DECLARED, "accountants") if cls.noise_kind != "gaussian" else DECLARED
+    missing = [a for a in declared if not issubclass(_owner(cls, a), draw)]
     if missing:
         raise TypeError(
-            f"noise mechanism {cls.__name__} ({getattr(cls, 'name', '?')!r}) draws its own noise "
-            f"({draw.__name__}.noise) but does not declare {' and '.join(missing)} in {draw.__name__} or below: "
+            f"noise mechanism {cls.__name__} ({getattr(cls, 'name', '?')!r}) decides its own noise "
+            f"({draw.__name__}.{what}) but does not declare {' and '.join(missing)} in {draw.__name__} or below: "
             "declare the distribution it draws (noise_kind) and what the ledger records for a round "
             "(dp_release), and which accountants can account it (accountants). Nothing is accounted as Gaussian by "
             "default"

@@ -40,7 +40,7 @@ def test_the_settings_are_frozen_and_a_change_is_validated_again():
             ["privacy.mechanism=tree", "privacy.sampling=all", "privacy.sampling_rate=none",
              "privacy.noise_placement=distributed"],
             dict(mechanism="tree", sampling="all", noise_placement="distributed"),
-            "is not a placement mechanism='tree' supports",
+            "must be 'central' with mechanism='tree'",
         ),
         (
             ["privacy.canaries=10", "privacy.noise_placement=distributed"],
@@ -101,3 +101,46 @@ def test_resume_and_deployment_ask_the_same_rules():
     assert "canary clients exist only in simulation" in deployment_refusal(
         PrivacySettings(sampling_rate=0.1, canaries=2), True, "the flag"
     )
+
+
+def test_a_noise_name_or_object_is_never_replaced_by_independent_noise():
+    with pytest.raises(PrivacyInputError, match="mechanism='banded-mf2' is invalid: must be one of"):
+        DPFedAvg(sampling_rate=0.1, noise="banded-mf2", seed=0)
+
+    @dataclasses.dataclass
+    class Unregistered(NoiseSource):  # never registered, and it changes the server's part of the noise
+        name = "test-unregistered-half"
+
+        def server_noise(self, round_, size, release, shares, purpose="model"):
+            noise, std = super().server_noise(round_, size, release, shares, purpose)
+            return 0.5 * noise, 0.5 * std
+
+    with pytest.raises(TypeError, match=r"decides its own noise \(Unregistered.server_noise\)"):
+        DPFedAvg(sampling_rate=0.1, noise=Unregistered(0), seed=0)
+
+
+def test_the_public_population_set_after_construction_reaches_the_round():
+    strategy = DPFedAvg(clients_per_round=10, seed=0, population=100)
+    assert strategy.mechanism(100).q == pytest.approx(0.1)
+    strategy.population = 200  # the ServerApp sets the run config's public population after building
+    assert strategy.mechanism(100).q == pytest.approx(0.05)
+    assert strategy.mechanism(100).public_population == 200
+
+
+def test_correlated_noise_with_distributed_placement_keeps_its_message():
+    with pytest.raises(PrivacyInputError, match="must be 'central' with mechanism='tree'"):
+        PrivacySettings(sampling="all", mechanism="tree", noise_placement="distributed")
+
+
+def test_a_node_with_its_own_policy_keeps_its_own_mechanism():
+    from fedsim.apps.client_app import NoisePolicy, NoiseRefused
+
+    scenario = load_scenario("quickstart", ["privacy.noise_placement=distributed"])
+    data = build_experiment(scenario).data
+    own = {"noise-multiplier": "1.0"}
+    assert type(NoisePolicy.for_node(scenario, data, own, 0).noise) is NoiseSource
+    tree = load_scenario(
+        "quickstart", ["privacy.mechanism=tree", "privacy.sampling=all", "privacy.sampling_rate=none"]
+    )
+    with pytest.raises(NoiseRefused, match="this node adds 'independent' noise"):
+        NoisePolicy.for_node(tree, data, own, 0)
