@@ -222,7 +222,7 @@ def _run_outcome(console: Any, result: Any) -> int:
     if result.stopped_by == "budget":  # the last line says why the run ended early
         console.print(f"[yellow]budget: {result.stopped_reason}[/yellow]")
         return EXIT_BUDGET
-    if result.stopped_by == "failures":
+    if result.stopped_by in ("failures", "noise_floor"):  # both depend on how many clients replied
         from rich.markup import escape
 
         # exact failure counts and a client's error: labelled, like non_private in the rows (see privacy_scope)

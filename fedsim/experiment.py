@@ -160,6 +160,16 @@ def calibrated_noise_multiplier(strategy: DPFedAvg, population: int, scenario: S
         except PrivacyInputError as exc:  # the same error, named as the scenario's field
             raise PrivacyInputError(f"privacy.{exc.field}", exc.value, exc.allowed) from None
     mechanism = strategy.mechanism(population)
+    if strategy.noise.calibrates:  # a mechanism that is not Gaussian calibrates by its own accounting
+        z = strategy.noise.calibrate(mechanism, p.target_epsilon, p.delta, scenario.rounds)
+        if z is None:
+            raise PrivacyInputError(
+                "privacy.target_epsilon",
+                p.target_epsilon,
+                f"is not met after {scenario.rounds} rounds at delta {p.delta:g} by mechanism "
+                f"{strategy.noise.name!r} even at noise_multiplier 1000",
+            )
+        return float(z)
     z = calibrate_noise(mechanism, p.target_epsilon, p.delta, scenario.rounds, p.accountant)
     if z is None or z <= CALIBRATION_RANGE[0]:
         # not met even at the most noise searched, or already met at the least: a run would not spend the target
@@ -186,14 +196,18 @@ def build_experiment(scenario: Scenario, data: Any = None) -> Experiment:
     settings = TrainSettings.from_scenario(scenario)
     check_fits(settings, data)
     population = public_population(scenario, data)
+    weights = initial_weights(settings, data.input_shape, data.num_classes)
     strategy = build_strategy(scenario, population, data)
+    strategy.noise.set_model_size(weights.size)  # a release over a padded, rotated update needs it
+    # before any round: a mechanism that cannot make this release (bits too few for the cohort) says so now
+    pool = population if population is not None else int(np.asarray(data.train_clients).size)
+    strategy.noise.check_release(strategy.mechanism(pool), weights.size)
     if scenario.privacy.target_epsilon is not None:
         scenario.privacy.mark_calibrated(calibrated_noise_multiplier(strategy, population, scenario))
         strategy = build_strategy(scenario, population, data)
+        strategy.noise.set_model_size(weights.size)
     from fedsim.run_checks import run_warnings
 
-    exp = Experiment(
-        scenario, data, settings, strategy, initial_weights(settings, data.input_shape, data.num_classes)
-    )
+    exp = Experiment(scenario, data, settings, strategy, weights)
     exp.warnings = run_warnings(exp)
     return exp

@@ -306,6 +306,21 @@ class RoundLoop:
     ) -> bool:
         """Whether round ``t`` must not be released (:func:`too_many_failures`); if so, the run's stop is set.
         Nothing of such a round is released, so nothing is accounted."""
+        floor = self.strategy.noise_floor_refusal(plan, partial)
+        if (
+            floor is not None
+        ):  # the failure policy of a round that cannot be released: stop, keep what was written
+            self.stopped, self.stopped_by = (
+                f"stopping at round {t}: {floor}; the round was not released, earlier rounds are written",
+                "noise_floor",
+            )
+            # how many arrived is an exact fact about clients: non-private, with diagnostics only
+            self.stopped_detail = (
+                f"{self.stopped}: {partial.noise_shares} of the {plan.cohort.size} sampled clients' shares arrived"
+                if self.diagnostics
+                else None
+            )
+            return True
         max_fraction = self.scenario.engine.max_failed_fraction
         too_many = too_many_failures(t, partial, int(plan.cohort.size), max_fraction)
         if too_many is None:

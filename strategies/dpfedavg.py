@@ -45,6 +45,7 @@ from fedsim.round import (
     Sampler,
     bounded_value,
     check_declared,
+    decoded_mean,
     id_array,
     make_noise_source,
     make_sampler,
@@ -294,8 +295,16 @@ class DPFedAvg(Strategy):
         """What the ledger records for round ``server_round`` (this run's count, from 1): what the noise mechanism
         says each release is (:meth:`fedsim.round.NoiseSource.dp_release`: the round itself for independent
         Gaussian noise, the schedule's :class:`fedsim.privacy.ScheduledGaussian` for a scheduled run, or the
-        mechanism's own release kind)."""
+        mechanism's own release kind). It is a function of public parameters alone, so the same before the round
+        (the budget check) and after it; never of how many clients replied."""
         return [(name, self.noise.dp_release(int(server_round), m, self.accounting)) for name, m in releases]
+
+    def noise_floor_refusal(self, plan: RoundPlan, partial: PartialSum) -> str | None:
+        """Why ``plan``'s round must not be released because too few clients' noise shares are in its sum (a
+        mechanism that cannot top them up: :meth:`fedsim.round.NoiseSource.noise_floor_refusal`), or None."""
+        if not plan.mechanism.placement.clients_add_noise:
+            return None
+        return self.noise.noise_floor_refusal(plan.mechanism, partial.noise_shares)
 
     @property
     def seed(self) -> int | None:
@@ -362,7 +371,11 @@ class DPFedAvg(Strategy):
         # distributed noise: the clients draw their shares (split over the expected cohort, which is public, never the
         # realised one) from the source's client side; with central noise nothing of the source leaves the server
         shares = self.noise.for_clients() if model.placement.clients_add_noise else None
-        return RoundPlan(server_round, cohort, model, releases, noise=shares)
+        # a mechanism whose clients encode (secure aggregation): the round's public randomness, drawn once here
+        public = (
+            self.noise.public_randomness(server_round) if shares is not None and self.noise.encodes else {}
+        )
+        return RoundPlan(server_round, cohort, model, releases, noise=shares, public=public)
 
     def finish_round(
         self,
@@ -381,7 +394,15 @@ class DPFedAvg(Strategy):
         replies; ``missing``: sampled clients whose reply never arrived (counted as rejected, zero update).
         """
         partial.reject(missing, reason="no_reply")
-        mean, server_std = self._noised_mean(plan, partial)
+        self.noise.set_model_size(weights.size)
+        decoding: dict[str, Any] = {}
+        if plan.encodes:
+            mean, decoding = decoded_mean(
+                partial, plan.mechanism, self.noise, plan.round, plan.encoding_for(weights.size)
+            )
+            server_std = 0.0
+        else:
+            mean, server_std = self._noised_mean(plan, partial)
         new_weights = self.server_optimizer.step(weights, mean)
         # Private: functions of the noised releases and of public parameters only.
         metrics: dict[str, Any] = {
@@ -409,6 +430,14 @@ class DPFedAvg(Strategy):
             norms = np.asarray(partial.norms)
             diagnostics["clipped_fraction"] = float(np.mean(norms > plan.clip))
             diagnostics["median_update_norm"] = float(np.median(norms))
+        if plan.encodes:
+            # public: a function of the sum of the clients' noised integers (the rounds' release) and of the encoding
+            metrics["wrapped_coordinates"] = decoding.get(
+                "wrapped", -1
+            )  # -1: unknown (a deployment's secure sum)
+            metrics["grid_step"] = decoding["grid_step"]
+            if "quantisation_error_norm" in decoding:  # the clients' exact rounding errors: simulation only
+                diagnostics["quantisation_error_norm"] = decoding["quantisation_error_norm"]
         metrics[NON_PRIVATE] = diagnostics
         for name, mech in self.accounted_releases(plan.round, plan.releases):
             self.ledger.record(round=self._round_offset + plan.round, mechanism=mech, name=name)
@@ -481,6 +510,7 @@ class DPFedAvg(Strategy):
         self._pending = None
         if self.stopped_reason is not None:
             return []
+        self.noise.set_model_size(sum(int(a.numpy().size) for a in arrays.values()))
         try:
             plan = self.begin_round(server_round, grid.get_node_ids())
         except BudgetExhausted as exc:
@@ -510,6 +540,11 @@ class DPFedAvg(Strategy):
         self._pending = None
         weights = protocol.flat_arrays(global_arrays)
         partial = self.collect_replies(plan, weights, global_arrays, replies, self._node_to_client)
+        floor = self.noise_floor_refusal(plan, partial)
+        if floor is not None:  # not released; the run stops, as fedsim's own loop does (its failure policy)
+            self.stopped_reason = f"stopping at round {server_round}: {floor}; the round was not released"
+            log(WARNING, "%s", self.stopped_reason)  # names the floor only, never how many arrived
+            return None, None
         new_weights, metrics = self.finish_round(plan, weights, partial)
         # Flower logs and keeps what this returns: private quantities only, unless diagnostics were asked for
         return protocol.to_arrays(new_weights, global_arrays), MetricRecord(self.flower_metrics(metrics))
@@ -540,8 +575,18 @@ class DPFedAvg(Strategy):
         or a malformed reply rejected, a sampled client that never replied counted as rejected."""
         partial = PartialSum(weights.size)
         received = 0
+        encoding = plan.encoding_for(weights.size) if plan.encodes else None
         for msg in replies:
             received += 1
+            if encoding is not None:  # each client's encoding, as a secure sum would add it
+                encoded = protocol.reply_encoded(msg, encoding)
+                if encoded is None:
+                    partial.reject(reason="error" if msg.has_error() else "wrong_shape")
+                elif plan.sampled(protocol.reply_source(msg, node_to_client)):
+                    partial.add_encoded(encoded, math.nan)
+                else:
+                    partial.reject(reason="not_sampled")
+                continue
             model = protocol.reply_model(msg, like)
             if model is None:
                 partial.reject(reason="error" if msg.has_error() else "wrong_shape")

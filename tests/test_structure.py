@@ -214,6 +214,7 @@ def test_schema_choices_are_the_registries():
     from fedsim.privacy import ACCOUNTANTS
     from fedsim.registry import ENGINES
     from fedsim.round import NOISE_PLACEMENTS, NOISE_SOURCES, RANDOMNESS, SAMPLERS
+    from fedsim.round.noise import default_placement
     from fedsim.scenarios import schema
     from fedsim.strategies import SERVER_OPTIMIZERS
     from fedsim.training.vectorized import VECTORIZE
@@ -248,12 +249,16 @@ def test_schema_choices_are_the_registries():
                     "cyclic": {"min_separation": 2},
                     "min-separation": {"min_separation": 2, "sampling_rate": 0.5},
                 }.get(name, {"clients_per_round": 1})
+            if field == "mechanism":
+                extra = dict(cohort)
             if field == "mechanism" and NOISE_SOURCES[name].correlated:  # needs a participation schedule
                 extra = {"sampling": "cyclic", "min_separation": 2}
             if (
                 field == "mechanism" and NOISE_SOURCES[name].accountants
             ):  # one it declares it can be accounted by
                 extra = {**extra, "accountant": NOISE_SOURCES[name].accountants[0]}
+            if field == "mechanism":  # clients that must add the noise: its placement
+                extra = {**extra, "noise_placement": default_placement(NOISE_SOURCES[name])}
             value = section(**{field: name}, **extra)
             got = value.mechanism_name if field == "mechanism" else getattr(value, field)
             assert got == name

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,11 @@ from fedsim.flower.protocol import (
     CFG_ROUND,
     MET_LOSS,
     MET_UNCLIPPED_NOISED,
+    encoded_reply,
+    encoding_of,
 )
 from fedsim.round import NoiseSource, flatten, make_noise_source, placement
+from fedsim.round.discrete import MAX_SCALED
 from fedsim.training.evaluation import client_means
 from fedsim.training.trainer import ClientPlan
 
@@ -170,6 +174,61 @@ class NoisePolicy:
             )
         return clip, share, count
 
+    def check_encoding(self, config: Any, clip: float, size: int) -> dict[str, Any] | None:
+        """The public encoding a train message asks for (a mechanism whose clients encode), checked against what
+        this node's own mechanism would use for a model of ``size`` numbers at ``clip``: the same kind, padded
+        dimension and conditional rounding (``beta``), a noise std per client (``local_std_grid / scale``, in the
+        update's units) at least this node's floor, and a grid at least as fine as the node's own for that noise
+        (a coarse grid would inflate the sensitivity past what the node's mechanism accounts, and a grid coarser than
+        the noise would send the rounded update almost un-noised). None where the node's mechanism does not encode;
+        a message without an encoding for such a node is refused (it would ask for the float update)."""
+        assert self.noise is not None
+        encoding = encoding_of(config)
+        if not self.noise.encodes:
+            if encoding is not None:
+                raise NoiseRefused(
+                    f"the message asks for a {encoding.get('kind')!r} encoding; this node adds {self.noise.name!r} "
+                    "noise, which is not encoded"
+                )
+            return None
+        why = f"this node encodes its update with {self.noise.name!r} noise (from its {self.source})"
+        if encoding is None or encoding.get("kind") != self.noise.name:
+            got = None if encoding is None else encoding.get("kind")
+            raise NoiseRefused(f"{why}; the message asks for encoding {got!r}")
+        try:
+            scale, beta = float(encoding["scale"]), float(encoding["beta"])
+            std = float(encoding["local_std_grid"]) / scale
+            int(encoding["rotation_seed"]), int(encoding["bits"])
+            dim = int(encoding["dim"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise NoiseRefused(f"{why}; the message's encoding {sorted(encoding)} is incomplete") from None
+        need = self.floor(clip)
+        if not (math.isfinite(std) and std >= need * (1 - _SLACK)):
+            raise NoiseRefused(
+                f"{why}; the message's encoding adds noise of std {std:.4g} per client at clip {clip:g}, below this "
+                f"node's floor {need:.4g}"
+            )
+        release = SimpleNamespace(
+            expected_cohort=self.shares, clip=clip, noise_std=std * math.sqrt(self.shares), private=True
+        )
+        try:
+            own = self.noise.encoding(release, size)
+        except (
+            ValueError
+        ) as exc:  # bits that cannot hold the cohort, a scale beyond float64: the node's own rule
+            raise NoiseRefused(f"{why}; {exc}") from None
+        if dim != own["dim"] or abs(beta - own["beta"]) > 1e-12:
+            raise NoiseRefused(
+                f"{why}; the message's encoding (dimension {dim}, beta {beta:g}) is not this node's (dimension "
+                f"{own['dim']}, beta {own['beta']:g})"
+            )
+        if not (math.isfinite(scale) and own["scale"] * (1 - _SLACK) <= scale and clip * scale <= MAX_SCALED):
+            raise NoiseRefused(
+                f"{why}; the message's grid step {1 / scale:.4g} is coarser than this node's {1 / own['scale']:.4g} "
+                "for that noise (or finer than float64 holds)"
+            )
+        return encoding
+
 
 _NODE_KEYS = (
     NODE_NOISE_MULTIPLIER,
@@ -267,11 +326,21 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             # distributed noise: the trainer clips and adds this client's share before the update leaves it, at
             # least as much as this node's own floor (a message asking for less is refused: an error reply)
             clip, share_std, count_share = policy.check(config)
-            plan = ClientPlan(server_round, [cid], clip, share_std, count_share, noise=policy.noise)
-            partial, metrics = trainer.train(plan, flat)
+            encoding = policy.check_encoding(config, clip, flat.size)
+            plan = ClientPlan(
+                server_round, [cid], clip, share_std, count_share, noise=policy.noise, encoding=encoding
+            )
+            try:
+                partial, metrics = trainer.train(plan, flat)
+            except Exception:  # the encoding failed: a fixed text, since an error's text reaches the server
+                if encoding is None:
+                    raise
+                raise ValueError(f"client {cid}: encoding its update failed") from None
             if partial.rejected:  # an error reply: the server counts it and tops up this client's noise share
                 why = metrics[0].get("error", "a non-finite update") if metrics else "no update"
                 raise ValueError(f"client {cid}: local training failed ({why})")
+            if encoding is not None:  # integers modulo 2^bits, what a secure sum adds: nothing else leaves
+                return Message(RecordDict({"arrays": encoded_reply(partial.extras["encoded"])}), reply_to=msg)
             update = partial.total
             if count_share > 0:
                 extra[MET_UNCLIPPED_NOISED] = float(partial.unclipped_noised)

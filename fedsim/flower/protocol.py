@@ -10,11 +10,15 @@ key                              meaning
 ``fedsim.noise-share-std``       distributed noise: the std of the share each client adds (at least the node's own floor)
 ``fedsim.count-noise-share-std`` distributed noise with adaptive clipping: the share on the bit
 ``fedsim.loss-bound``            agnostic FL: report the loss of the global model, bounded by this
+``fedsim.encoding.<key>``        a mechanism whose clients encode (ddgauss, skellam): the round's public encoding
+                                 (``kind``, ``bits``, ``beta``, ``scale``, ``dim``, ``local_std_grid``,
+                                 ``rotation_seed``)
 ===============================  ================================================================
 
 A reply carries the client's model (``global + update``, the same keys, shapes and dtypes) and, where asked, a
 MetricRecord with ``fedsim.loss`` (agnostic FL, in [0, 1]) or ``fedsim.unclipped-noised`` (the client's
-noised unclipped bit). Nothing else: no norm, no number of examples.
+noised unclipped bit). Nothing else: no norm, no number of examples. A client that encodes replies instead with
+one array, ``fedsim.encoded`` (int64, the encoding's ``dim`` values in ``[0, 2^bits)``): what a secure sum adds.
 
 This module imports nothing of fedsim's (the strategies and the apps both use it).
 """
@@ -35,14 +39,22 @@ CFG_LOSS_BOUND = "fedsim.loss-bound"
 MET_UNCLIPPED_NOISED = (
     "fedsim.unclipped-noised"  # distributed noise: the unclipped bit plus the client's share
 )
+CFG_ENCODING = "fedsim.encoding."  # a prefix: one key per public encoding parameter
+ENCODED = "fedsim.encoded"  # the reply's array of a client that encodes
 MET_LOSS = (
     "fedsim.loss"  # agnostic FL: the client's loss of the global model, per example bounded, over the bound
 )
 
 
-def train_config(plan: Any, base: ConfigRecord | None = None) -> ConfigRecord:
-    """The ConfigRecord of round ``plan.round``'s train messages (``base``: the caller's own keys)."""
+def train_config(plan: Any, base: ConfigRecord | None = None, size: int | None = None) -> ConfigRecord:
+    """The ConfigRecord of round ``plan.round``'s train messages (``base``: the caller's own keys; ``size``: the
+    model's, for a plan whose clients encode)."""
     config = ConfigRecord(dict(base or {}))
+    if getattr(plan, "encodes", False):
+        if size is None:
+            raise ValueError("a round whose clients encode needs the model's size for its encoding")
+        for key, value in plan.encoding_for(int(size)).items():
+            config[CFG_ENCODING + key] = value
     config[CFG_ROUND] = int(plan.round)
     config[CFG_CLIP] = float(plan.clip)
     if plan.noise_share_std > 0:
@@ -56,7 +68,8 @@ def train_config(plan: Any, base: ConfigRecord | None = None) -> ConfigRecord:
 
 def train_messages(plan: Any, arrays: ArrayRecord, base: ConfigRecord | None = None) -> list[Message]:
     """One train message per sampled client (``dst_node_id`` = the client id; a ClientIdGrid maps it)."""
-    record = RecordDict({"arrays": arrays, "config": train_config(plan, base)})
+    size = sum(int(a.numpy().size) for a in arrays.values()) if getattr(plan, "encodes", False) else None
+    record = RecordDict({"arrays": arrays, "config": train_config(plan, base, size)})
     return [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=int(c)) for c in plan.cohort]
 
 
@@ -99,6 +112,36 @@ def reply_model(msg: Message, like: ArrayRecord) -> np.ndarray | None:
             return None
     parts = [np.asarray(a, dtype=np.float64).ravel() for a in got]
     return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def encoding_of(config: Any) -> dict[str, Any] | None:
+    """The public encoding a train message's ``config`` carries (None: the round's clients do not encode)."""
+    out = {k[len(CFG_ENCODING) :]: v for k, v in config.items() if str(k).startswith(CFG_ENCODING)}
+    return out or None
+
+
+def encoded_reply(encoded: np.ndarray) -> ArrayRecord:
+    """The reply of a client that encodes: its encoding, one int64 array."""
+    return ArrayRecord(array_dict={ENCODED: Array(np.ascontiguousarray(np.asarray(encoded, dtype=np.int64)))})
+
+
+def reply_encoded(msg: Message, encoding: dict[str, Any]) -> np.ndarray | None:
+    """The encoding in a reply, or None if the reply is an error or not ``encoding["dim"]`` integers in
+    ``[0, 2^bits)``: a value outside the modulus would not be what a secure sum adds."""
+    if msg.has_error():
+        return None
+    records = list(msg.content.array_records.values())
+    if len(records) != 1 or list(records[0].keys()) != [ENCODED]:
+        return None
+    try:
+        got = records[0][ENCODED].numpy()
+    except Exception:
+        return None
+    if got.dtype != np.int64 or got.shape != (int(encoding["dim"]),):
+        return None
+    if got.size and (got.min() < 0 or got.max() >= 2 ** int(encoding["bits"])):
+        return None
+    return got
 
 
 def reply_metrics(msg: Message) -> dict[str, float]:

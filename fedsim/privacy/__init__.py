@@ -30,6 +30,7 @@ from .accountants import (
     method_kind,
     register_accountant,
 )
+from .discrete import RDP_ORDERS, DDGaussRound, SkellamRound, epsilon_from_rdp
 from .errors import PrivacyInputError
 from .ledger import RELEASE_KINDS, DpRelease, Ledger, register_release_kind
 from .mechanism import Mechanism, compose_same_cohort
@@ -38,14 +39,19 @@ from .settings import AdaptiveClipping, PrivacySettings
 
 register_release_kind(ScheduledGaussian)
 
+# the distributed discrete mechanisms (ddgauss, skellam) and their release kinds: registered with fedsim.privacy
+from . import discrete_noise as _discrete_noise  # noqa: E402, F401
+
 __all__ = [
     "ACCOUNTANTS",
     "CERTIFIED",
     "PAPER_BOUNDS",
+    "RDP_ORDERS",
     "RELEASE_KINDS",
     "VALID_BOUNDS",
     "Accountant",
     "AdaptiveClipping",
+    "DDGaussRound",
     "DpRelease",
     "EpsilonCurve",
     "Ledger",
@@ -54,11 +60,13 @@ __all__ = [
     "PrivacySettings",
     "ScheduleAccounting",
     "ScheduledGaussian",
+    "SkellamRound",
     "accountant_names",
     "certified_methods",
     "compose_same_cohort",
     "compute_curve",
     "epsilon_curve",
+    "epsilon_from_rdp",
     "method_kind",
     "register_accountant",
     "register_release_kind",

@@ -236,10 +236,23 @@ def _rdp_accountant_epsilon(events: tuple[tuple[Any, int], ...], relation: str, 
     return _rdp_compose(events, relation, delta)
 
 
+def has_rdp_curve(release) -> bool:
+    """Whether ``release`` states its own Renyi-DP curve: ``rdp(orders) -> array`` and the integer orders it is
+    stated at, ``rdp_orders`` (the distributed discrete mechanisms of :mod:`fedsim.privacy.discrete`, for which
+    dp-accounting has no event)."""
+    return callable(getattr(release, "rdp", None)) and getattr(release, "rdp_orders", None) is not None
+
+
 def rdp_epsilon(rounds: Iterable[Iterable[Any]], relation: str, delta: float) -> float:
     """Epsilon at ``delta`` of ``rounds`` (each an iterable of releases: mechanisms or any release with
     ``to_dp_event(relation)``) by dp-accounting's RDP accountant under ``relation``: identical events composed as
-    one event with a count (RDP composition is additive, so this is exact)."""
+    one event with a count (RDP composition is additive, so this is exact).
+
+    A ledger holding a release with its own RDP curve (:func:`has_rdp_curve`) is composed at that release's orders
+    instead (:func:`_rdp_curves_epsilon`)."""
+    rounds = [tuple(events) for events in rounds]
+    if any(has_rdp_curve(r) for events in rounds for r in events):
+        return _rdp_curves_epsilon(rounds, relation, float(delta))
     counts: dict[Any, int] = {}
     unhashable: list[tuple[Any, int]] = []  # e.g. a ComposedDpEvent (it holds a list)
     for events in rounds:
@@ -252,6 +265,76 @@ def rdp_epsilon(rounds: Iterable[Iterable[Any]], relation: str, delta: float) ->
     if unhashable:
         return _rdp_compose((*counts.items(), *unhashable), relation, float(delta))
     return _rdp_accountant_epsilon(tuple(counts.items()), relation, float(delta))
+
+
+def _rdp_curves_epsilon(rounds: list[tuple[Any, ...]], relation: str, delta: float) -> float:
+    """RDP composition of a ledger with releases that state their own curve, at the orders the first of them states
+    (``rdp_orders``: :data:`fedsim.privacy.discrete.RDP_ORDERS`, integers, where the discrete mechanisms'
+    subsampling bound holds): their ``rdp(orders)`` summed, plus the other releases' dp-accounting events composed
+    by ``RdpAccountant(orders)`` (its public ``rdp``), converted by dp-accounting's ``compute_epsilon`` (as
+    :func:`fedsim.privacy.discrete.epsilon_from_rdp`; this module does not import that one, which imports the
+    ledger). A ledger of Gaussian Mechanisms alone keeps dp-accounting's default orders and its numbers.
+
+    Those curves are add/remove RDP; a ledger that needs replace-one is refused (a :class:`PrivacyInputError`)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp  # loaded on first accounting
+
+    curves = [r for events in rounds for r in events if has_rdp_curve(r)]
+    if relation != "add-remove":
+        kinds = ", ".join(sorted({type(r).__name__ for r in curves}))
+        raise PrivacyInputError(
+            "method",
+            "rdp",
+            f"cannot account {kinds} under {relation}: their RDP curves are add/remove, and another release of "
+            "this ledger needs replace-one (fixed-size sampling); use Poisson sampling throughout",
+        )
+    orders = tuple(int(a) for a in curves[0].rdp_orders)
+    total = np.zeros(len(orders))
+    counts: dict[Any, int] = {}
+    unhashable: list[tuple[Any, int]] = []
+    for events in rounds:
+        for r in events:
+            if has_rdp_curve(r):
+                total += np.asarray(r.rdp(orders), dtype=float)
+                continue
+            e = r.to_dp_event(relation)
+            try:
+                counts[e] = counts.get(e, 0) + 1
+            except TypeError:
+                unhashable.append((e, 1))
+    if unhashable:
+        total += _rdp_at_orders((*counts.items(), *unhashable), relation, orders)
+    elif counts:
+        total += _rdp_at_orders_cached(tuple(counts.items()), relation, orders)
+    with quiet_absl():
+        return float(rdp.compute_epsilon(np.asarray(orders, dtype=float), total, delta)[0])
+
+
+def _rdp_at_orders(events: tuple[tuple[Any, int], ...], relation: str, orders: tuple[int, ...]) -> np.ndarray:
+    """The RDP curve at ``orders`` of dp-accounting's ``RdpAccountant(orders)`` composing each event ``count`` times
+    (its public ``rdp`` property); an event it does not support is a :class:`PrivacyInputError`."""
+    from dp_accounting import dp_event, privacy_accountant  # loaded on first accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    with quiet_absl():
+        acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=_relation(relation))
+        for event, count in events:
+            if not isinstance(event, dp_event.DpEvent):
+                raise unsupported_event("rdp", event, relation)
+            try:
+                acc.compose(event, int(count))
+            except privacy_accountant.UnsupportedEventError as exc:
+                raise unsupported_event("rdp", event, relation, exc) from None
+        return np.asarray(acc.rdp, dtype=float)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_at_orders_cached(
+    events: tuple[tuple[Any, int], ...], relation: str, orders: tuple[int, ...]
+) -> np.ndarray:
+    """:func:`_rdp_at_orders`, cached (read-only: callers add it to their own array)."""
+    out = _rdp_at_orders(events, relation, orders)
+    out.setflags(write=False)
+    return out
 
 
 def rdp_curve(

@@ -233,6 +233,14 @@ def _check_noise(settings: Any, sampler: Any, noise: Any) -> None:
             settings.accountant,
             f"cannot account mechanism={noise.name!r} ({noise.noise_kind} noise); allowed: {', '.join(allowed)}",
         )
+    relations = noise.neighbouring
+    if relations is not None and sampler.neighbouring not in relations:
+        raise PrivacyInputError(
+            "sampling",
+            settings.sampling,
+            f"is accounted under {sampler.neighbouring!r} neighbours; mechanism={noise.name!r} is accounted under "
+            f"{' or '.join(repr(r) for r in relations)} only (use sampling='poisson' or 'all')",
+        )
     gaussian = noise.noise_kind == Mechanism.__dataclass_fields__["noise_kind"].default
     if (noise.single_release or not gaussian) and not noise.correlated:  # correlated: the schedule's message
         what = f"mechanism={noise.name!r} ({noise.noise_kind} noise)"
@@ -339,7 +347,7 @@ def _check_calibration(settings: Any, noise: Any) -> None:
             "non-private run. For the baseline set target_epsilon=None; for the target, leave noise_multiplier "
             "unset or give it another value",
         )
-    if noise.noise_kind != Mechanism.__dataclass_fields__["noise_kind"].default:
+    if noise.noise_kind != Mechanism.__dataclass_fields__["noise_kind"].default and not noise.calibrates:
         raise PrivacyInputError(
             "target_epsilon",
             target,

@@ -54,8 +54,9 @@ from fedsim.privacy.settings import PrivacySettings
 from fedsim.report.rundir import json_safe
 from fedsim.round import NOISE_SOURCES
 from fedsim.round.mechanism_options import MOVED_OPTIONS, check_mechanism_options, option_names
+from fedsim.round.noise import default_placement
 from fedsim.round.sampling import sampling_names
-from fedsim.validation import NOISE_MULTIPLIER_RANGE, parse_value, target_out_of_reach
+from fedsim.validation import NOISE_MULTIPLIER_RANGE, one_of, parse_value, target_out_of_reach
 
 __all__ = ["add_parser", "build_parser", "main", "run"]
 
@@ -75,6 +76,7 @@ _OPTION = {
     "target_epsilon": "--target-epsilon",
     "min_separation": "--min-separation",
     "max_participations": "--max-participations",
+    "model_size": "--model-size",
 }
 
 
@@ -141,8 +143,24 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="Gaussian noise std on the sum / clip: 0 (no noise) or in [{:g}, {:g}] (required unless "
         "--target-epsilon)".format(*NOISE_MULTIPLIER_RANGE),
     )
+    p.add_argument(
+        "--bits",
+        type=int,
+        default=None,
+        help="ddgauss, skellam: the secure sum's modulus 2^bits (the same as --option bits=N)",
+    )
+    p.add_argument(
+        "--model-size",
+        type=int,
+        default=None,
+        help="ddgauss, skellam: the number of parameters of the model update (their accounting depends on it)",
+    )
     p.add_argument("--clip", type=float, default=1.0, help="L2 clip of one client's update (default 1)")
-    p.add_argument("--noise-placement", default="central", help="central or distributed (default central)")
+    p.add_argument(
+        "--noise-placement",
+        default=None,
+        help="central or distributed (default central, or distributed for a mechanism that supports only it)",
+    )
     p.add_argument("--rounds", type=int, required=True, help="number of rounds T")
     p.add_argument("--delta", type=float, default=1e-5, help="target delta in (0, 1) (default 1e-5)")
     p.add_argument(
@@ -252,6 +270,10 @@ def _run(args: argparse.Namespace) -> int:
     ``--json``). A participation schedule or correlated noise goes to :func:`_scheduled`."""
     methods = list(dict.fromkeys(args.methods))
     settings = _privacy_settings(args, methods)
+    if settings.noise_class.encodes:  # clients that encode for secure aggregation: the discrete report
+        from fedsim.report.privacy_discrete import run_discrete
+
+        return run_discrete(args, settings, _checkpoints(int(args.rounds)))
     T, delta = int(args.rounds), float(args.delta)
     mech = settings.mechanism_at(args.population)
     noise = settings.noise_source(0)
@@ -310,21 +332,51 @@ def _privacy_settings(args: argparse.Namespace, methods: list[str]) -> PrivacySe
         raise PrivacyInputError("delta", args.delta, "must be in (0, 1)")
     if args.noise_multiplier is None and args.target_epsilon is None:
         raise PrivacyInputError("noise_multiplier", None, "required (or give --target-epsilon to calibrate)")
+    noise_class = NOISE_SOURCES[one_of("mechanism", args.mechanism, tuple(NOISE_SOURCES))]
+    options = _mechanism_options(args.options)
+    if args.bits is not None:
+        if "bits" in options:
+            raise PrivacyInputError("bits", args.bits, "is given twice (--bits and --option bits)")
+        options["bits"] = args.bits
+    placement_name = args.noise_placement
+    if placement_name is None:  # central, unless the mechanism adds its noise on the clients only
+        placement_name = default_placement(noise_class)
+    certified = [m for m in methods if m in CERTIFIED]
+    if noise_class.encodes:  # its own report (fedsim.report.privacy_discrete): its accountants only
+        asked = [m for m in methods if m not in noise_class.accountants]
+        if args.methods != curve_methods() and asked:
+            raise PrivacyInputError(
+                "method",
+                asked[0],
+                f"cannot account mechanism={args.mechanism!r}; allowed: {', '.join(noise_class.accountants)}",
+            )
+        certified = list(noise_class.accountants)
+    elif (
+        noise_class.accountants is not None
+    ):  # a mechanism that names its accountants: the first the user ran
+        certified = [m for m in certified if m in noise_class.accountants] or list(noise_class.accountants)
+    if noise_class.encodes and args.target_epsilon is not None:
+        raise PrivacyInputError(
+            "target_epsilon",
+            args.target_epsilon,
+            f"is not calibrated by fedsim privacy for mechanism={args.mechanism!r}: give --noise-multiplier (a "
+            "scenario's privacy.target_epsilon calibrates it for a run)",
+        )
     settings = PrivacySettings(
         sampling=args.sampling,
         sampling_rate=args.sampling_rate,
         clients_per_round=args.clients_per_round,
         clip=args.clip,
         noise_multiplier=args.noise_multiplier if args.noise_multiplier is not None else 1.0,
-        noise_placement=args.noise_placement,
+        noise_placement=placement_name,
         mechanism=args.mechanism,
-        mechanism_options=check_mechanism_options(args.mechanism, _mechanism_options(args.options)),
+        mechanism_options=check_mechanism_options(args.mechanism, options),
         min_separation=args.min_separation,
         max_participations=args.max_participations,
         delta=float(args.delta),
-        accountant=next((m for m in methods if m in CERTIFIED), DEFAULT_ACCOUNTANT),
+        accountant=certified[0] if certified else DEFAULT_ACCOUNTANT,
     )
-    if not settings.mechanism_at(args.population).gaussian:
+    if not settings.mechanism_at(args.population).gaussian and not noise_class.encodes:
         kind = settings.noise_class.noise_kind
         raise PrivacyInputError(
             "mechanism",

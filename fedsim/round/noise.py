@@ -85,6 +85,13 @@ PLACEMENTS: dict[str, Placement] = {
 NOISE_PLACEMENTS = tuple(PLACEMENTS)
 
 
+def default_placement(noise: Any) -> str:
+    """The placement a mechanism (class or object) runs with when none is asked for: central where it supports it,
+    else the first it declares (noise that clients must add before secure aggregation: distributed)."""
+    central = next(p for p in PLACEMENTS.values() if not p.clients_add_noise)
+    return central.name if central.name in noise.placements else noise.placements[0]
+
+
 def placement(name: str) -> Placement:
     """The registered placement ``name`` (a :class:`PrivacyInputError` naming the allowed ones otherwise)."""
     from fedsim.validation import one_of
@@ -182,6 +189,8 @@ class NoiseSource(SeededState):
     placements: ClassVar[tuple[str, ...]] = ("central", "distributed")
     #: the certified accountants (:data:`fedsim.privacy.ACCOUNTANTS`) that can account its releases; None: all
     accountants: ClassVar[tuple[str, ...] | None] = None
+    #: the neighbouring relations (a sampler's ``neighbouring``) its accounting holds for; None: any
+    neighbouring: ClassVar[tuple[str, ...] | None] = None
     #: whether the papers' closed forms (IGMM, its correction, the generalization population) describe its rounds
     paper_bounds: ClassVar[bool] = True
     #: what it fixes for the planned rounds before round 1 (so a run extended past them would not be the longer run
@@ -227,6 +236,60 @@ class NoiseSource(SeededState):
         )
         return self.noise(round_, purpose, size, std), std
 
+    # ------------------------------------------------------------------ clients that encode (secure aggregation)
+    #: whether each client sends an encoding of its update that the server decodes after summing (integers modulo
+    #: ``2^bits`` for secure aggregation: :mod:`fedsim.privacy.discrete_noise`) rather than its clipped update plus a
+    #: float noise share; such a mechanism implements :meth:`encoding`, :meth:`encode` and :meth:`decode`
+    encodes: ClassVar[bool] = False
+
+    def set_model_size(self, size: int) -> None:
+        """Told the size of the flat model update before the first release (a mechanism whose release depends on it,
+        such as discrete noise on a rotated, padded vector, keeps it; a different size later is refused there)."""
+
+    def check_release(self, release: Any, size: int) -> None:
+        """Refuse, before any round, a release this mechanism cannot make for a model of ``size`` numbers (a
+        :class:`fedsim.validation.PrivacyInputError` naming the option). Any release, here."""
+
+    def public_randomness(self, round_: int) -> dict[str, int]:
+        """The round's public randomness, drawn once by the server and sent to every sampled client with the round
+        (seeded in simulation, the operating system's entropy otherwise): a random rotation's seed. None here."""
+        return {}
+
+    def encoding(self, release: Any, size: int) -> dict[str, Any]:
+        """The public parameters every client of round's ``release`` encodes with (a function of the release and the
+        model size ``size`` alone; with :meth:`public_randomness` it is what the server sends the clients)."""
+        raise NotImplementedError(f"mechanism {self.name!r} does not encode client updates")
+
+    def encode(
+        self, round_: int, client: int, update: np.ndarray, clip: float, encoding: dict[str, Any]
+    ) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """Client ``client``'s message for round ``round_``: its (unclipped) ``update`` clipped to ``clip``, encoded
+        and noised with its own share as ``encoding`` says; ``(None, info)`` for an update that is not finite.
+        ``info``: ``norm`` (before clipping) and what a simulation may sum for the server's non-private
+        diagnostics."""
+        raise NotImplementedError(f"mechanism {self.name!r} does not encode client updates")
+
+    def decode(
+        self, round_: int, partial: PartialSum, release: Any, encoding: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """``(sum, stats)``: the sum of the clients' updates and noise decoded from ``partial`` (the sum of their
+        encodings), and what the row reports about the decoding (non-private where labelled)."""
+        raise NotImplementedError(f"mechanism {self.name!r} does not encode client updates")
+
+    #: whether it calibrates its noise multiplier to a target epsilon itself (:meth:`calibrate`); Gaussian noise is
+    #: calibrated by the certified accountants (``fedsim.privacy.paper.calibration``), any other noise only so
+    calibrates: ClassVar[bool] = False
+
+    def calibrate(self, release: Any, target_epsilon: float, delta: float, rounds: int) -> float | None:
+        """The noise multiplier at which ``rounds`` rounds of ``release`` spend ``target_epsilon`` at ``delta``, by
+        this mechanism's own accounting (None: not reachable); only where :attr:`calibrates`."""
+        raise NotImplementedError(f"mechanism {self.name!r} does not calibrate its own noise")
+
+    def noise_floor_refusal(self, release: Any, shares: float) -> str | None:
+        """Why a round whose sum holds ``shares`` clients' noise shares must not be released (its noise fell below
+        the mechanism's floor), or None. The server tops up Gaussian noise: never."""
+        return None
+
     def for_clients(self) -> NoiseSource:
         """The source the clients' noise shares come from (with distributed noise, shipped to the workers with the
         round's plan: a source holding large buffers returns a light one here)."""
@@ -243,7 +306,7 @@ NOISE_SOURCES: dict[str, type[NoiseSource]] = {}
 
 
 #: what decides the noise a mechanism adds: its draw, the server's part and a client's share
-DRAWS = ("noise", "server_noise", "share_scale")
+DRAWS = ("noise", "server_noise", "share_scale", "encode", "decode")
 #: what a noise mechanism must declare in the class that decides its noise (:data:`DRAWS`), or below it; a mechanism
 #: whose noise is not Gaussian also says which accountants can account it
 DECLARED = ("noise_kind", "dp_release")
@@ -357,3 +420,17 @@ def private_mean(
     shares = mechanism.placement.present_shares(partial.noise_shares)
     added, scale = noise.server_noise(round_, partial.dim, mechanism, shares)
     return (partial.total + added) / denominator, scale
+
+
+def decoded_mean(
+    partial: PartialSum, mechanism: Any, noise: NoiseSource, round_: int, encoding: dict[str, Any]
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """:func:`private_mean` for a mechanism whose clients encode (:attr:`NoiseSource.encodes`): the decoded sum of
+    the clients' encodings over the expected cohort, and the decoding's statistics. The server adds nothing: the
+    noise is the clients' shares that arrived (a mechanism that cannot top them up accounts the fewest a released
+    round holds, and refuses to release a round with fewer: :meth:`NoiseSource.noise_floor_refusal`)."""
+    expected = mechanism.expected_cohort
+    if expected <= 0:
+        raise ValueError(f"expected_cohort must be > 0, got {expected}")
+    total, stats = noise.decode(round_, partial, mechanism, encoding)
+    return total / expected, stats

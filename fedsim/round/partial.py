@@ -200,6 +200,22 @@ class PartialSum:
         self.norms.extend(float(v) for v in norms[finite])
         return np.where(finite, norms, math.nan)
 
+    def add_encoded(
+        self, encoded: np.ndarray, norm: float, sums: dict[str, np.ndarray] | None = None
+    ) -> None:
+        """Add one client's encoding (a mechanism whose clients encode: :attr:`fedsim.round.NoiseSource.encodes`),
+        already clipped and noised by the client, to ``extras["encoded"]`` (its length is the encoding's, not the
+        model's; integers below 2^53 add exactly in float64), with ``sums``: what a simulation also sums for the
+        server's diagnostics (``extras`` of the same name). ``norm``: the update's norm before clipping (nan where
+        the client does not say)."""
+        for key, vec in {"encoded": encoded, **(sums or {})}.items():
+            vec = np.asarray(vec, dtype=np.float64)
+            self.extras[key] = vec.copy() if key not in self.extras else self.extras[key] + vec
+        self.count += 1
+        self.noise_shares += 1
+        if math.isfinite(norm):
+            self.norms.append(float(norm))
+
     def add_noised_count(self, value: float) -> None:
         """Distributed noise with adaptive clipping: add one client's unclipped bit, already noised by the client."""
         self.unclipped_noised += float(value)

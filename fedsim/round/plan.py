@@ -37,6 +37,20 @@ class RoundPlan:
     noise: NoiseSource | None = None
     client_weights: dict[int, float] | None = None  # per-client aggregation weights (agnostic FL)
     loss_bound: float | None = None  # ask clients for their bounded loss of the global model (agnostic FL)
+    #: the round's public randomness (:meth:`~fedsim.round.NoiseSource.public_randomness`: a rotation's seed), drawn
+    #: once by the server for a mechanism whose clients encode
+    public: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def encodes(self) -> bool:
+        """Whether the clients send encodings the server decodes (:attr:`~fedsim.round.NoiseSource.encodes`)."""
+        return self.noise is not None and self.noise.encodes and self.mechanism.placement.clients_add_noise
+
+    def encoding_for(self, size: int) -> dict[str, Any]:
+        """What every client encodes its update of ``size`` numbers with this round: the mechanism's public
+        parameters for the round's release and the round's public randomness."""
+        assert self.noise is not None
+        return {**self.noise.encoding(self.mechanism, size), **self.public}
 
     @property
     def population(self) -> int:

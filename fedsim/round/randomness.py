@@ -38,6 +38,12 @@ STREAM_LOSS_NOISE = 5
 STREAM_NOISE_SHARE = 6
 STREAM_EVALUATION = 7
 STREAM_TREE_NODE = 8  # tree aggregation: one draw per node, keyed (seed, index, stream, level)
+STREAM_ROTATION = (
+    9  # distributed discrete noise: the round's public rotation (one seed per round, server side)
+)
+STREAM_ROUNDING = (
+    10  # distributed discrete noise: a client's randomized rounding, keyed (seed, round, stream, client)
+)
 
 _TWO_PI = 2.0 * math.pi
 _2_POW_53 = float(1 << 53)

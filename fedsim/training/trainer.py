@@ -18,6 +18,7 @@ clip; and a run on CUDA would no longer give the CPU's results.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterator
@@ -48,6 +49,13 @@ from .vectorized import TrainingPath, choose_path, chunk_plan, train_chunk
 log = logging.getLogger(__name__)
 
 
+def blas_threads(n: int) -> Any:
+    """NumPy's BLAS limited to ``n`` threads inside the block (threadpoolctl; torch's own threads are untouched)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=n, user_api="blas")
+
+
 @dataclass(frozen=True)
 class ClientPlan:
     """What training a round's clients needs, for a caller that holds no server plan: a deployed ClientApp, which
@@ -64,6 +72,16 @@ class ClientPlan:
     noise: NoiseSource | None = None
     client_weights: dict[int, float] | None = None
     loss_bound: float | None = None
+    #: a mechanism whose clients encode: the encoding the server sent (its public parameters and randomness)
+    encoding: dict[str, Any] | None = None
+
+    @property
+    def encodes(self) -> bool:
+        return self.encoding is not None
+
+    def encoding_for(self, size: int) -> dict[str, Any]:
+        assert self.encoding is not None
+        return self.encoding
 
 
 @dataclass(frozen=True)
@@ -454,23 +472,26 @@ class ClientTrainer:
             cids = kept
             if new:
                 yield failed, new
-        distributed = plan.noise_share_std > 0
+        distributed = plan.noise_share_std > 0 or plan.encodes
         for results in self._units(server_round, cids, global_w):
             partial, new = PartialSum(self.dim), []
-            for update, m in results:
-                if update is None:  # failed while training: already described in m
-                    partial.reject(reason=m["failed"])
-                    new.append(m)
-                elif isinstance(update, torch.Tensor) and update.ndim == 2:  # a vectorised chunk
-                    if distributed:  # each client noises its own update: row by row
-                        for row, mi in enumerate(m):
-                            self._add_one(partial, update[row], mi, plan)
-                    else:  # summed on the device: only the sum and the norms leave it
-                        self._add_chunk(partial, update, m, plan.clip, plan.client_weights)
-                    new.extend(m)
-                else:
-                    self._add_one(partial, update, m, plan)
-                    new.append(m)
+            # the encoding's Hadamard transform is many small matrix products: one BLAS thread each is several times
+            # faster than BLAS threads waiting on each other (and on the other workers) on busy cores
+            with blas_threads(1) if plan.encodes else contextlib.nullcontext():
+                for update, m in results:
+                    if update is None:  # failed while training: already described in m
+                        partial.reject(reason=m["failed"])
+                        new.append(m)
+                    elif isinstance(update, torch.Tensor) and update.ndim == 2:  # a vectorised chunk
+                        if distributed:  # each client noises its own update: row by row
+                            for row, mi in enumerate(m):
+                                self._add_one(partial, update[row], mi, plan)
+                        else:  # summed on the device: only the sum and the norms leave it
+                            self._add_chunk(partial, update, m, plan.clip, plan.client_weights)
+                        new.extend(m)
+                    else:
+                        self._add_one(partial, update, m, plan)
+                        new.append(m)
             if losses:  # the losses of the clients whose update was accepted join the per-domain sums
                 self._domain_losses(partial, new, losses)
             yield partial, new
@@ -543,7 +564,24 @@ class ClientTrainer:
 
     def _add_one(self, partial: PartialSum, update: torch.Tensor, m: dict[str, Any], plan: Any) -> None:
         clip, share_std = plan.clip, plan.noise_share_std
-        if share_std > 0:
+        if (
+            plan.encodes
+        ):  # the client encodes its update (integers for secure aggregation) with its noise share
+            encoded, info = plan.noise.encode(
+                plan.round,
+                m["client"],
+                update.detach().double().cpu().numpy(),
+                clip,
+                plan.encoding_for(self.dim),
+            )
+            norm = info.get("norm", math.nan)
+            if encoded is None:
+                partial.reject(reason="non_finite")
+                m["failed"] = "non_finite"
+            else:
+                partial.add_encoded(encoded, norm, info.get("sums"))
+                partial.unclipped += int(norm <= clip)
+        elif share_std > 0:
             clipped, norm, finite = clip_update(update.double(), clip)
             if finite:
                 share, count_noise = self._shares(plan, m["client"], share_std)

@@ -170,3 +170,67 @@ def test_the_count_share_has_a_floor_too():
     assert not reply.has_error() and "fedsim.unclipped-noised" in next(
         iter(reply.content.metric_records.values())
     )
+
+
+DDGAUSS = f"{DISTRIBUTED} privacy.mechanism.name=ddgauss privacy.accountant=rdp"
+
+
+def _ddgauss_message(grid: LoopbackGrid, node: int, w0: np.ndarray, **encoding_changes) -> Message:
+    """The server's train message of a ddgauss round (its strategy's plan, addressed to ``node``), with
+    ``encoding_changes`` written over its public encoding (a hostile server's)."""
+    import dataclasses
+
+    from fedsim.experiment import build_experiment
+    from fedsim.scenarios import load_scenario
+
+    exp = build_experiment(load_scenario("quickstart", DDGAUSS.split()))
+    plan = dataclasses.replace(exp.strategy.begin_round(1, exp.train_ids), cohort=np.array([node]))
+    _, _, trainer = load_for_run(grid.contexts[node].run_config)
+    msg = protocol.train_messages(plan, model_record(trainer, w0))[0]
+    config = next(iter(msg.content.config_records.values()))
+    for key, value in encoding_changes.items():
+        if value is None:
+            del config[protocol.CFG_ENCODING + key]
+        else:
+            config[protocol.CFG_ENCODING + key] = value
+    return msg
+
+
+def _push(grid: LoopbackGrid, msg: Message) -> Message | ValueError:
+    try:
+        grid.push_messages([msg])
+    except ValueError as exc:
+        return exc
+    return grid.replies[-1]
+
+
+def test_a_ddgauss_node_sends_only_integers_and_refuses_an_encoding_with_less_noise():
+    grid, node, w0 = _node(DDGAUSS)
+    good = _ddgauss_message(grid, node, w0)
+    encoding = protocol.encoding_of(next(iter(good.content.config_records.values())))
+    reply = _push(grid, good)
+    got = protocol.reply_encoded(reply, encoding)
+    # one int64 vector of the padded length, every value inside the modulus: what a secure sum adds, nothing else
+    assert got is not None and got.shape == (encoding["dim"],) and got.max() < 2 ** encoding["bits"]
+    assert list(next(iter(reply.content.array_records.values())).keys()) == [protocol.ENCODED]
+    assert not reply.content.metric_records
+    std, scale = encoding["local_std_grid"], encoding["scale"]
+    per_client = std / scale  # the noise std per client, in the update's units
+    for changes, match in (
+        ({"local_std_grid": 0.5 * std}, "below this node's floor"),
+        # the same noise per client on a grid as coarse as the noise: the rounded update would go almost un-noised
+        ({"scale": 1.0 / per_client, "local_std_grid": 1.0}, "coarser than this node's"),
+        ({"beta": 0.9999}, "beta 0.9999) is not this node's"),
+        ({"dim": 2 * encoding["dim"]}, "is not this node's (dimension"),
+        # a grid beyond float64: refused from public values, before the update is touched (no error text about it)
+        ({"scale": 2.0**70, "local_std_grid": per_client * 2.0**70}, "finer than float64 holds"),
+        ({"kind": "skellam"}, "asks for encoding 'skellam'"),
+        ({"kind": None}, "asks for encoding None"),
+        ({"rotation_seed": None}, "is incomplete"),
+    ):
+        sent = len(grid.replies)
+        assert _refused(_push(grid, _ddgauss_message(grid, node, w0, **changes)), match), changes
+        assert len(grid.replies) == sent  # nothing left the node
+    # a reply outside the modulus, or of floats, is not what a secure sum would add: the server rejects it
+    bad = Message(RecordDict({"arrays": protocol.encoded_reply(got + 2 ** encoding["bits"])}), reply_to=good)
+    assert protocol.reply_encoded(bad, encoding) is None
