@@ -202,19 +202,28 @@ def _relation(relation: str):
 def _rdp_compose(events: tuple[tuple[Any, int], ...], relation: str, delta: float) -> float:
     """dp-accounting's ``RdpAccountant`` composing each event ``count`` times, at ``delta`` (public API only); an
     event it does not support is a :class:`PrivacyInputError`."""
-    from dp_accounting import dp_event, privacy_accountant  # as above
+    with quiet_absl():
+        return float(_rdp_accountant(events, relation).get_epsilon(delta))
+
+
+def _rdp_accountant(
+    events: tuple[tuple[Any, int], ...], relation: str, orders: tuple[int, ...] | None = None
+) -> Any:
+    """A dp-accounting ``RdpAccountant`` (at ``orders``, default its own) that composed each event ``count`` times;
+    an event it does not support is a :class:`PrivacyInputError`."""
+    from dp_accounting import dp_event, privacy_accountant  # loaded on first accounting
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    with quiet_absl():
-        acc = rdp.RdpAccountant(neighboring_relation=_relation(relation))
-        for event, count in events:
-            if not isinstance(event, dp_event.DpEvent):
-                raise unsupported_event("rdp", event, relation)
-            try:
-                acc.compose(event, int(count))
-            except privacy_accountant.UnsupportedEventError as exc:
-                raise unsupported_event("rdp", event, relation, exc) from None
-        return float(acc.get_epsilon(delta))
+    at = {} if orders is None else {"orders": list(orders)}
+    acc = rdp.RdpAccountant(neighboring_relation=_relation(relation), **at)
+    for event, count in events:
+        if not isinstance(event, dp_event.DpEvent):
+            raise unsupported_event("rdp", event, relation)
+        try:
+            acc.compose(event, int(count))
+        except privacy_accountant.UnsupportedEventError as exc:
+            raise unsupported_event("rdp", event, relation, exc) from None
+    return acc
 
 
 @contextlib.contextmanager
@@ -312,19 +321,8 @@ def _rdp_curves_epsilon(rounds: list[tuple[Any, ...]], relation: str, delta: flo
 def _rdp_at_orders(events: tuple[tuple[Any, int], ...], relation: str, orders: tuple[int, ...]) -> np.ndarray:
     """The RDP curve at ``orders`` of dp-accounting's ``RdpAccountant(orders)`` composing each event ``count`` times
     (its public ``rdp`` property); an event it does not support is a :class:`PrivacyInputError`."""
-    from dp_accounting import dp_event, privacy_accountant  # loaded on first accounting
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
-
     with quiet_absl():
-        acc = rdp.RdpAccountant(orders=list(orders), neighboring_relation=_relation(relation))
-        for event, count in events:
-            if not isinstance(event, dp_event.DpEvent):
-                raise unsupported_event("rdp", event, relation)
-            try:
-                acc.compose(event, int(count))
-            except privacy_accountant.UnsupportedEventError as exc:
-                raise unsupported_event("rdp", event, relation, exc) from None
-        return np.asarray(acc.rdp, dtype=float)
+        return np.asarray(_rdp_accountant(events, relation, orders).rdp, dtype=float)
 
 
 @functools.lru_cache(maxsize=1024)
