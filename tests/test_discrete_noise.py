@@ -240,3 +240,17 @@ def test_fixed_size_sampling_is_refused_its_neighbours_are_not_what_the_bound_ho
         ScenarioError, match=r"sampling='fixed' is invalid: is accounted under 'replace-one' neighbours"
     ):
         load_scenario("quickstart", _discrete("ddgauss", "privacy.sampling=fixed"))
+
+
+def test_extreme_options_are_refused_with_their_names_never_a_hang():
+    """Found while reviewing: a k_stddevs of 1e300 made the bits-needed search overflow, and inf made it loop."""
+    for bad, match in (
+        ("privacy.mechanism.bits=true", "bits must be an integer in \\[1, 32\\], got True"),
+        ("privacy.mechanism.k_stddevs=inf", "k_stddevs must be finite and > 0"),
+    ):
+        with pytest.raises(ScenarioError, match=match):
+            load_scenario("quickstart", _discrete("ddgauss", bad))
+    with pytest.raises(PrivacyInputError, match="no modulus up to 32 bits does"):
+        build_experiment(
+            load_scenario("quickstart", _discrete("ddgauss", "privacy.mechanism.k_stddevs=1e300"))
+        )

@@ -66,11 +66,11 @@ class DistributedDiscreteNoise(NoiseSource):
     release_class: ClassVar[type] = DDGaussRound
 
     def __post_init__(self) -> None:
-        if int(self.bits) != self.bits or not 1 <= self.bits <= dd.MAX_BITS:
+        if isinstance(self.bits, bool) or int(self.bits) != self.bits or not 1 <= self.bits <= dd.MAX_BITS:
             raise ValueError(f"bits must be an integer in [1, {dd.MAX_BITS}], got {self.bits}")
         self.bits = int(self.bits)
-        if not self.k_stddevs > 0:
-            raise ValueError(f"k_stddevs must be > 0, got {self.k_stddevs}")
+        if isinstance(self.k_stddevs, bool) or not (self.k_stddevs > 0 and math.isfinite(self.k_stddevs)):
+            raise ValueError(f"k_stddevs must be finite and > 0, got {self.k_stddevs}")
         if not 0.0 <= self.beta < 1.0:
             raise ValueError(f"beta must be in [0, 1) (0: no conditional rounding), got {self.beta}")
         if self.gamma is not None and not (math.isfinite(self.gamma) and self.gamma > 0):
@@ -112,8 +112,10 @@ class DistributedDiscreteNoise(NoiseSource):
         dim = dd.padded_dim(size)
         clip = float(release.clip)
         if not (math.isfinite(clip) and clip > 0):
-            raise ValueError(
-                f"mechanism {self.name!r} needs a finite clip > 0 (the grid covers [-clip, clip])"
+            raise PrivacyInputError(
+                "clip",
+                release.clip,
+                f"must be finite and > 0 with mechanism {self.name!r} (the grid covers the clip)",
             )
         local_std = float(release.noise_std) / math.sqrt(n) if release.private else 0.0
         dd.check_bits(self.bits, n, self.k_stddevs)

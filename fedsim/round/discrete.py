@@ -66,9 +66,9 @@ def bits_needed(clients: float, k_stddevs: float) -> int:
     clients' values and ``k`` standard deviations of it)."""
     n = max(float(clients), 1.0)
     b = max(math.ceil(math.log2(n)), 1)
-    while 2.0 ** (2 * b) <= n * k_stddevs**2:
+    while b <= MAX_BITS and 2 * b * math.log(2.0) <= math.log(n) + 2 * math.log(k_stddevs):
         b += 1
-    return b
+    return b  # MAX_BITS + 1: no modulus fedsim allows holds it
 
 
 def check_bits(bits: int, clients: float, k_stddevs: float) -> None:
@@ -82,13 +82,17 @@ def check_bits(bits: int, clients: float, k_stddevs: float) -> None:
             "bits", bits, f"must be an integer in [1, {MAX_BITS}] (the secure sum's modulus 2^bits)"
         )
     n = float(clients)
-    if 2.0**bits < n or 2.0 ** (2 * bits) <= n * k_stddevs**2:
+    if 2.0**bits < n or 2 * bits * math.log(2.0) <= math.log(max(n, 1.0)) + 2 * math.log(k_stddevs):
         raise PrivacyInputError(
             "bits",
             bits,
             f"cannot hold the sum of {n:g} clients with k_stddevs={k_stddevs:g} standard deviations inside the "
-            f"modulus (needs 2^bits >= n and 2^(2 bits) > n k^2): use bits >= {bits_needed(n, k_stddevs)}, fewer "
-            "clients per round, or a smaller k_stddevs",
+            f"modulus (needs 2^bits >= n and 2^(2 bits) > n k^2): "
+            + (
+                f"use bits >= {need}, fewer clients per round, or a smaller k_stddevs"
+                if (need := bits_needed(n, k_stddevs)) <= MAX_BITS
+                else f"no modulus up to {MAX_BITS} bits does; use fewer clients per round or a smaller k_stddevs"
+            ),
         )
 
 
