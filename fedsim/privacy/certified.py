@@ -252,6 +252,20 @@ def has_rdp_curve(release) -> bool:
     return callable(getattr(release, "rdp", None)) and getattr(release, "rdp_orders", None) is not None
 
 
+def _event_counts(releases: Any, relation: str) -> tuple[dict[Any, int], list[tuple[Any, int]]]:
+    """The releases' dp-accounting events, counted (equal events compose as one event ``count`` times), and those
+    that cannot be counted because they are unhashable (e.g. a ComposedDpEvent, which holds a list), once each."""
+    counts: dict[Any, int] = {}
+    unhashable: list[tuple[Any, int]] = []
+    for r in releases:
+        e = r.to_dp_event(relation)
+        try:
+            counts[e] = counts.get(e, 0) + 1
+        except TypeError:
+            unhashable.append((e, 1))
+    return counts, unhashable
+
+
 def rdp_epsilon(rounds: Iterable[Iterable[Any]], relation: str, delta: float) -> float:
     """Epsilon at ``delta`` of ``rounds`` (each an iterable of releases: mechanisms or any release with
     ``to_dp_event(relation)``) by dp-accounting's RDP accountant under ``relation``: identical events composed as
@@ -262,15 +276,7 @@ def rdp_epsilon(rounds: Iterable[Iterable[Any]], relation: str, delta: float) ->
     rounds = [tuple(events) for events in rounds]
     if any(has_rdp_curve(r) for events in rounds for r in events):
         return _rdp_curves_epsilon(rounds, relation, float(delta))
-    counts: dict[Any, int] = {}
-    unhashable: list[tuple[Any, int]] = []  # e.g. a ComposedDpEvent (it holds a list)
-    for events in rounds:
-        for r in events:
-            e = r.to_dp_event(relation)
-            try:
-                counts[e] = counts.get(e, 0) + 1
-            except TypeError:
-                unhashable.append((e, 1))
+    counts, unhashable = _event_counts((r for events in rounds for r in events), relation)
     if unhashable:
         return _rdp_compose((*counts.items(), *unhashable), relation, float(delta))
     return _rdp_accountant_epsilon(tuple(counts.items()), relation, float(delta))
@@ -298,18 +304,11 @@ def _rdp_curves_epsilon(rounds: list[tuple[Any, ...]], relation: str, delta: flo
         )
     orders = tuple(int(a) for a in curves[0].rdp_orders)
     total = np.zeros(len(orders))
-    counts: dict[Any, int] = {}
-    unhashable: list[tuple[Any, int]] = []
-    for events in rounds:
-        for r in events:
-            if has_rdp_curve(r):
-                total += np.asarray(r.rdp(orders), dtype=float)
-                continue
-            e = r.to_dp_event(relation)
-            try:
-                counts[e] = counts.get(e, 0) + 1
-            except TypeError:
-                unhashable.append((e, 1))
+    releases = [r for events in rounds for r in events]
+    for r in releases:
+        if has_rdp_curve(r):
+            total += np.asarray(r.rdp(orders), dtype=float)
+    counts, unhashable = _event_counts((r for r in releases if not has_rdp_curve(r)), relation)
     if unhashable:
         total += _rdp_at_orders((*counts.items(), *unhashable), relation, orders)
     elif counts:
