@@ -35,7 +35,9 @@ from fedsim.report.rows import evaluation_columns, ledger_private, merge_columns
 from fedsim.report.rundir import RunWriter
 from fedsim.report.trackers import start_trackers
 from fedsim.round import PartialSum
+from fedsim.round.randomness import STREAM_SECAGG
 from fedsim.run_checks import exp_warnings, log_start
+from fedsim.secagg.simulated import simulate_round
 from fedsim.strategies import BudgetExhausted, DPFedAvg, RoundPlan
 from fedsim.training.precision import TF32
 from fedsim.training.vectorized import check_vectorize
@@ -286,7 +288,22 @@ class RoundLoop:
 
     def train(self, plan: RoundPlan) -> tuple[PartialSum, list[dict[str, Any]]]:
         """The engine trains the round's real clients; the sampled canaries (:mod:`fedsim.privacy.canaries`)
-        submit their directions, scaled to the round's clip, into the same clipped sum."""
+        submit their directions, scaled to the round's clip, into the same clipped sum. With secure aggregation on an
+        engine that does not run the protocol (every simulated one), the round is run as if under SecAgg+
+        (:func:`fedsim.secagg.simulated.simulate_round`): the clients that drop after sharing their keys do not train
+        and are counted as ``dropped``, and a round that could not be unmasked is marked aborted."""
+        secagg = getattr(self.strategy.privacy, "secagg", None)
+        if secagg is None or getattr(self.engine, "secure_aggregation", False):
+            return self._train(plan)
+        sim = simulate_round(plan.cohort, secagg, self.strategy.noise.rng(plan.round, STREAM_SECAGG))
+        kept = plan.cohort[~np.isin(plan.cohort, sim.dropped)]
+        partial, client_metrics = self._train(replace(plan, cohort=kept))
+        partial.reject(int(sim.dropped.size), reason="dropped")
+        failed = [m["client"] for m in client_metrics if "failed" in m and not m.get("canary")]
+        partial.secure_abort = sim.aborted(failed)
+        return partial, client_metrics
+
+    def _train(self, plan: RoundPlan) -> tuple[PartialSum, list[dict[str, Any]]]:
         if self.canaries is None:
             return self.engine.train(plan, self.weights)
         is_canary = self.canaries.is_canary(plan.cohort)
@@ -306,6 +323,17 @@ class RoundLoop:
     ) -> bool:
         """Whether round ``t`` must not be released (:func:`too_many_failures`); if so, the run's stop is set.
         Nothing of such a round is released, so nothing is accounted."""
+        if (
+            partial.secure_abort is not None
+        ):  # secure aggregation could not unmask the sum: there is nothing to release
+            self.stopped, self.stopped_by = (
+                f"stopping at round {t}: secure aggregation aborted the round (too few surviving clients to unmask "
+                "the sum); the round was not released, earlier rounds are written",
+                "secagg_aborted",
+            )
+            # which secret lacked shares, and how many, are exact facts about clients: diagnostics only
+            self.stopped_detail = f"{self.stopped}: {partial.secure_abort}" if self.diagnostics else None
+            return True
         floor = self.strategy.noise_floor_refusal(plan, partial)
         if (
             floor is not None

@@ -34,7 +34,7 @@ from fedsim import factories
 from fedsim.data import DATASETS, PARTITIONERS
 from fedsim.models import MODEL_FACTORIES, MODELS
 from fedsim.privacy.accountants import DEFAULT_ACCOUNTANT, certified_methods
-from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, canaries_refused
+from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, SecureAggregation, canaries_refused
 from fedsim.registry import engine_entry, engine_names
 from fedsim.round import (
     NOISE_PLACEMENTS,
@@ -406,6 +406,38 @@ class MechanismConfig(BaseModel):
         return self
 
 
+class SecAggConfig(_Section):
+    """``[privacy.secagg]``: secure aggregation (SecAgg+) of the clients' noised encodings
+    (:class:`fedsim.privacy.settings.SecureAggregation`)."""
+
+    enabled: bool = Field(
+        False,
+        description="the server learns only the sum of the clients' encodings modulo 2^bits (SecAgg+; needs "
+        "noise_placement = 'distributed' and mechanism 'ddgauss' or 'skellam'); in simulation the same modular sum, "
+        "dropouts and aborts, without the cryptography",
+    )
+    neighbours: int = Field(
+        0,
+        ge=0,
+        description="k, even: each client shares its secrets with k others (SecAgg+); 0: all (SecAgg)",
+    )
+    threshold: float = Field(
+        0.6,
+        gt=0.5,
+        le=1,
+        description="fraction of a client's k+1 share holders needed to unmask it; fewer survivors abort the round",
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="simulation only: probability a client drops after sharing its keys"
+    )
+
+    def settings(self) -> SecureAggregation | None:
+        """The run's :class:`SecureAggregation`, or None when not enabled."""
+        if not self.enabled:
+            return None
+        return SecureAggregation(neighbours=self.neighbours, threshold=self.threshold, dropout=self.dropout)
+
+
 class PrivacyConfig(_Section):
     sampling: Annotated[str, AfterValidator(_registered("sampling", sampling_names))] = Field(
         "poisson",
@@ -466,6 +498,10 @@ class PrivacyConfig(_Section):
     )
     canary_confidence: float = Field(
         0.95, gt=0, lt=1, description="canaries: the confidence of the one-run lower bound on epsilon"
+    )
+    secagg: SecAggConfig = Field(
+        default_factory=SecAggConfig,
+        description="secure aggregation of the clients' noised encodings ([privacy.secagg]; default: off)",
     )
     adaptive_clip: bool = False
     target_quantile: float = Field(0.5, gt=0, lt=1)
@@ -598,6 +634,7 @@ class PrivacyConfig(_Section):
             target_epsilon=self.target_epsilon,
             canaries=self.canaries,
             agnostic=agnostic,
+            secagg=self.secagg.settings(),
         )
 
     @model_validator(mode="after")

@@ -65,7 +65,12 @@ def check_distributed_noise(settings: Any, opted_in: bool, opt_in: str) -> None:
     why = deployment_refusal(settings, opted_in, opt_in)
     if why:
         raise ValueError(why)
-    if placement(settings.noise_placement).clients_add_noise:
+    if getattr(settings, "secagg", None) is not None:
+        log(
+            INFO,
+            "secure aggregation (SecAgg+): the server learns only the sum of the clients' noised encodings",
+        )
+    elif placement(settings.noise_placement).clients_add_noise:
         log(
             WARNING,
             "%s: distributed noise WITHOUT secure aggregation. The server sees every client's update with only the "
@@ -99,7 +104,8 @@ class DPFedAvg(Strategy):
         has each sampled client add its share of the noise (the mechanism's :meth:`~fedsim.round.NoiseSource.
         share_scale` over the expected cohort, a public number) and the server the shares missing below the
         expected cohort, so the total is at least the accounted one; with Flower (:meth:`start`) it is refused
-        unless ``distributed_without_secagg=True``: fedsim has no secure aggregation.
+        unless ``distributed_without_secagg=True``: secure aggregation (``privacy.secagg``) runs in fedsim's own
+        ServerApp (:mod:`fedsim.secagg`), whose rounds have the protocol's several message exchanges.
     sampling : as a keyword, also a :class:`fedsim.round.Sampler` object (with its state).
     noise : a :class:`fedsim.round.NoiseSource` object (with its state) instead of the settings' ``mechanism``
         name; its declarations are checked by the same rules. It provides every noise vector the strategy
@@ -499,14 +505,27 @@ class DPFedAvg(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Any:
         """Flower's :meth:`Strategy.start`, after refusing distributed noise without secure aggregation (unless
         ``distributed_without_secagg=True``): the same rule as fedsim's own ServerApp."""
+        self._refuse_secagg()
         check_distributed_noise(
             self.privacy, self.distributed_without_secagg, "DPFedAvg(distributed_without_secagg=True)"
         )
         return super().start(grid, initial_arrays, *args, **kwargs)
 
+    def _refuse_secagg(self) -> None:
+        """Flower's Strategy API has one train message per client a round: with secure aggregation it would receive
+        the clients' encodings unmasked, so it is refused (fedsim's ServerApp runs the protocol's stages)."""
+        if self.privacy.secagg is not None:
+            raise ValueError(
+                "privacy.secagg: secure aggregation runs in fedsim's ServerApp (fedsim.apps.server_app, or "
+                "fedsim.apps.server_app.run_on_grid), whose rounds exchange the protocol's four messages with each "
+                "client; Flower's Strategy API sends one train message per client and would receive the clients' "
+                "encodings unmasked"
+            )
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        self._refuse_secagg()
         self._pending = None
         if self.stopped_reason is not None:
             return []
@@ -534,6 +553,7 @@ class DPFedAvg(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self._refuse_secagg()
         if self._pending is None:  # stopped by the budget: nothing released, the model stays as it is
             return None, None
         plan, global_arrays = self._pending

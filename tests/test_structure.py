@@ -90,6 +90,7 @@ def test_the_layers_point_down():
     low = {
         "fedsim.validation",
         "fedsim.round",
+        "fedsim.secagg",
         "fedsim.privacy",
         "fedsim.data",
         "fedsim.models",

@@ -22,6 +22,9 @@ key                   meaning
                       rule gives its floor (default ``independent``, Gaussian); a run config naming another is refused
 ``allow-evaluate``    ``true``: answer evaluate messages (exact example count, loss and accuracy of this
                       client: not covered by epsilon). A node with distributed noise refuses them otherwise
+``secure-aggregation``  ``true``: this node sends its encoded update only masked by SecAgg+ (a train message
+                      without a secure-aggregation session is refused); ``false``: it also answers a server that
+                      does not ask for it. Default: the run config's scenario (``privacy.secagg.enabled``)
 ====================  ===================================================================================
 
 A node whose run config and node config ask for no distributed noise sends its raw update (central noise: the
@@ -67,6 +70,8 @@ from fedsim.flower.protocol import (
 )
 from fedsim.round import NoiseSource, flatten, make_noise_source, placement
 from fedsim.round.discrete import MAX_SCALED
+from fedsim.secagg.protocol import QUERY as SECAGG_QUERY
+from fedsim.secagg.protocol import SESSION, check_train, handle_query, mask_input, masked_reply
 from fedsim.training.evaluation import client_means
 from fedsim.training.trainer import ClientPlan
 
@@ -79,6 +84,7 @@ NODE_SHARES = "noise-shares"
 NODE_COUNT_NOISE_MULTIPLIER = "count-noise-multiplier"
 NODE_ALLOW_EVALUATE = "allow-evaluate"
 NODE_MECHANISM = "noise-mechanism"
+NODE_SECAGG = "secure-aggregation"
 #: relative slack for comparing the server's floats with the node's floor (float32/float64 round trips)
 _SLACK = 1e-9
 
@@ -108,6 +114,8 @@ class NoisePolicy:
     count_noise_multiplier: float = 0.0
     allow_evaluate: bool = True
     source: str = "run config"
+    secagg: bool = False
+    secagg_source: str = "run config"
 
     @classmethod
     def for_node(
@@ -120,6 +128,13 @@ class NoisePolicy:
         node = {k: v for k, v in node_config.items() if k in _NODE_KEYS}
         settings = privacy_settings(scenario)
         distributed = NODE_NOISE_MULTIPLIER in node or placement(settings.noise_placement).clients_add_noise
+        secagg = _flag(node, NODE_SECAGG, settings.secagg is not None)
+        if secagg and not distributed:
+            raise NoiseRefused(
+                f"this node sends its update only masked by secure aggregation ({NODE_SECAGG}=true in its node "
+                f"config); the run config asks for noise_placement={settings.noise_placement!r}: its raw update "
+                "would leave it"
+            )
         if not distributed:
             return cls(False, allow_evaluate=True, source="run config")
         population = public_population(scenario, data)  # the server's: the same denominator and shares
@@ -136,6 +151,8 @@ class NoisePolicy:
             allow_evaluate=str(node.get(NODE_ALLOW_EVALUATE, "false")).strip().lower()
             in ("1", "true", "yes"),
             source="node config" if NODE_NOISE_MULTIPLIER in node else "run config",
+            secagg=secagg,
+            secagg_source="node config" if NODE_SECAGG in node else "run config",
         )
 
     def floor(self, clip: float) -> float:
@@ -237,7 +254,17 @@ _NODE_KEYS = (
     NODE_COUNT_NOISE_MULTIPLIER,
     NODE_ALLOW_EVALUATE,
     NODE_MECHANISM,
+    NODE_SECAGG,
 )
+
+
+def _flag(node: dict[str, Any], key: str, default: bool) -> bool:
+    if key not in node:
+        return default
+    value = str(node[key]).strip().lower()
+    if value not in ("1", "true", "yes", "0", "false", "no"):
+        raise ValueError(f"node config {key}={node[key]!r}: must be true or false")
+    return value in ("1", "true", "yes")
 
 
 def _node_noise(settings: Any, node: dict[str, Any], noise_seed: int | None) -> NoiseSource:
@@ -330,6 +357,20 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             plan = ClientPlan(
                 server_round, [cid], clip, share_std, count_share, noise=policy.noise, encoding=encoding
             )
+            secure = SESSION in config
+            if secure and encoding is None:
+                raise NoiseRefused(
+                    "the message asks for secure aggregation of an update this node does not encode"
+                )
+            if policy.secagg and not secure:
+                raise NoiseRefused(
+                    "this node sends its update only masked by secure aggregation (its "
+                    f"{policy.secagg_source}); the message has no secure-aggregation session"
+                )
+            if (
+                secure
+            ):  # before training: a message this node would not mask is refused without touching its data
+                check_train(config, context, server_round)
             try:
                 partial, metrics = trainer.train(plan, flat)
             except Exception:  # the encoding failed: a fixed text, since an error's text reaches the server
@@ -339,6 +380,11 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
             if partial.rejected:  # an error reply: the server counts it and tops up this client's noise share
                 why = metrics[0].get("error", "a non-finite update") if metrics else "no update"
                 raise ValueError(f"client {cid}: local training failed ({why})")
+            if secure:  # SecAgg+: the encoding under this client's masks, uniform modulo 2^bits
+                masked = mask_input(
+                    config, context, cid, partial.extras["encoded"], int(encoding["bits"]), server_round
+                )
+                return Message(RecordDict({"arrays": masked_reply(masked)}), reply_to=msg)
             if encoding is not None:  # integers modulo 2^bits, what a secure sum adds: nothing else leaves
                 return Message(RecordDict({"arrays": encoded_reply(partial.extras["encoded"])}), reply_to=msg)
             update = partial.total
@@ -378,6 +424,19 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
         out = MetricRecord({"num-examples": int(data.num_examples_array([cid])[0])})
         out.update({k: v for k, v in means.items() if math.isfinite(v)})
         return Message(RecordDict({"metrics": out}), reply_to=msg)
+
+    @app.query(SECAGG_QUERY)
+    def secure_aggregation(msg: Message, context: Context) -> Message:
+        """A SecAgg+ stage other than the masked input (:mod:`fedsim.secagg.protocol`): key setup, key sharing,
+        unmasking. Only a node that encodes its noised update takes part."""
+        data, _, policy = _policy(context)
+        if not (policy.distributed and policy.noise is not None and policy.noise.encodes):
+            raise NoiseRefused(
+                "secure aggregation: this node does not encode its update (no ddgauss/skellam noise)"
+            )
+        cid = _client_id(data, context)
+        config = next(iter(msg.content.config_records.values()))
+        return Message(RecordDict({"secagg": handle_query(config, context, cid)}), reply_to=msg)
 
     @app.query("fedsim_identity")
     def identity(msg: Message, context: Context) -> Message:

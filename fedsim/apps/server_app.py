@@ -12,6 +12,9 @@ Privacy in deployment:
   clipping, the agnostic loss noise) comes from the operating system's entropy: the scenario's ``seed`` is
   never used for them, whatever ``privacy.randomness`` says, and the run's config records
   ``privacy.randomness = "os-entropy"``;
+* distributed noise runs only under secure aggregation (``[privacy.secagg]``: SecAgg+ with the ``ddgauss`` or
+  ``skellam`` encoding, :mod:`fedsim.secagg`; the server learns only the survivors' noised sum, and the ledger's
+  epsilon holds against it), or with ``distributed-without-secagg = true`` (the operator trusts the server);
 * by default only private quantities are logged and written: the noised releases, the certified epsilon, and
   evaluation on data the server owns (the scenario's held-out clients, with ``server-eval = true``).
   ``diagnostics = true`` adds the non-private diagnostics (exact counts, un-noised norm statistics,
@@ -57,7 +60,8 @@ DISTRIBUTED_OPT_IN = "distributed-without-secagg"
 
 def check_noise_placement(settings: PrivacySettings, opted_in: bool) -> None:
     """Refuse what cannot run on real Flower nodes (:func:`fedsim.privacy.settings.deployment_refusal`: canary
-    clients; distributed noise unless the run config opts in), the same rule as ``DPFedAvg.start``."""
+    clients, a simulated dropout rate; distributed noise without secure aggregation unless the run config opts in),
+    the rule ``DPFedAvg.start`` asks too."""
     check_distributed_noise(settings, opted_in, f"the run config {DISTRIBUTED_OPT_IN} = true")
 
 

@@ -16,6 +16,8 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from fedsim.round import PartialSum, id_array
+from fedsim.round.randomness import STREAM_SECAGG
+from fedsim.secagg.protocol import secure_sum
 
 from . import protocol
 
@@ -43,18 +45,55 @@ class GridEngine:
         self.like = like
         self.evaluator = evaluator
         self.timeout = timeout
+        #: the last SecAgg+ round's outcome (fedsim.secagg.protocol.SecureSum)
+        self.last_secure_sum: Any = None
+        secagg = getattr(strategy.privacy, "secagg", None)
+        if secagg is not None and secagg.dropout > 0:
+            raise ValueError(
+                f"privacy.secagg.dropout={secagg.dropout:g} simulates dropouts on the in-process and Ray engines; "
+                "Flower nodes (engine.name = 'flower', or a deployment) have real ones. Set privacy.secagg.dropout = 0"
+            )
 
     def available(self, round_: int | None = None) -> np.ndarray:
         """The client ids of the nodes connected now (what a round samples from and is accounted over)."""
         return id_array(self.grid.get_node_ids())
 
+    @property
+    def secure_aggregation(self) -> bool:
+        """Whether rounds run the SecAgg+ protocol with the nodes (the strategy's ``privacy.secagg``)."""
+        return getattr(self.strategy.privacy, "secagg", None) is not None
+
     def train(self, plan: Any, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
         arrays = protocol.to_arrays(weights, self.like)
+        if self.secure_aggregation:
+            if not plan.encodes:  # unreachable (the settings refuse it): never send anything unmasked instead
+                raise RuntimeError("secure aggregation needs a mechanism whose clients encode")
+            return self._secure_train(plan, arrays, weights.size), []
         sent = protocol.flat_arrays(arrays)  # what the clients start from (the global model as float32)
         replies = self.grid.send_and_receive(protocol.train_messages(plan, arrays), timeout=self.timeout)
         node_to_client = dict(getattr(self.grid, "node_to_client", {}) or {})
         partial = self.strategy.collect_replies(plan, sent, arrays, replies, node_to_client)
         return partial, []
+
+    def _secure_train(self, plan: Any, arrays: ArrayRecord, size: int) -> PartialSum:
+        """The round through SecAgg+ (:func:`fedsim.secagg.protocol.secure_sum`): the partial sum holds only the
+        survivors' encodings summed modulo ``2^bits``; the graph comes from the strategy's generator (the operating
+        system's entropy in deployment)."""
+        rng = self.strategy.noise.rng(plan.round, STREAM_SECAGG)
+        config = protocol.train_config(plan, size=size)
+        result = secure_sum(
+            self.grid, plan, arrays, config, self.strategy.privacy.secagg, rng, timeout=self.timeout
+        )
+        self.last_secure_sum = result
+        partial = PartialSum(size)
+        for reason, n in result.failures.items():
+            partial.reject(n, reason=reason)
+        partial.reject(len(result.dropped), reason="dropped")
+        if result.aborted is not None:
+            partial.secure_abort = result.aborted
+        elif result.total is not None:
+            partial.add_secure_sum(result.total, len(result.survivors))
+        return partial
 
     def evaluate(self, client_ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if self.evaluator is None:

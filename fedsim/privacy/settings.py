@@ -15,6 +15,7 @@ never a mechanism's name. See ``docs/architecture.md``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from .mechanism import Mechanism
 __all__ = [
     "AdaptiveClipping",
     "PrivacySettings",
+    "SecureAggregation",
     "check_combination",
     "deployment_refusal",
     "resume_refusal",
@@ -45,6 +47,57 @@ __all__ = [
 
 #: the mechanism a run uses when none is named: independent Gaussian noise every round
 DEFAULT_MECHANISM = "independent"
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """Secure aggregation (SecAgg+, Bell, Bengtson, Ito, Raykova and Wichs, CCS 2020) of the clients' encodings: the
+    server learns only their sum modulo ``2^bits``, so distributed noise protects each client against the server too.
+
+    ``neighbours``: ``k``, how many other clients each client shares its secrets with (even: ``k/2`` on each side of a
+    random ring, the Harary graph of SecAgg+); 0, or ``k`` at least the round's cohort minus one: every other client
+    (full SecAgg, Bonawitz et al. 2017). ``threshold``: the fraction of a client's ``k + 1`` share holders (its
+    neighbours and itself) needed to reconstruct its secrets, in (0.5, 1]: a majority, so no minority of colluding
+    share holders can unmask it; it is also how many must survive for a round to complete (fewer: the round is
+    aborted and nothing is released). ``dropout``: simulation only, the probability that a sampled client drops after
+    sharing its keys (its masks are then removed with its neighbours' shares), so a sweep predicts what a deployment
+    with such dropouts releases; a deployment has real dropouts and refuses this.
+    """
+
+    neighbours: int = 0
+    threshold: float = 0.6
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        k = self.neighbours
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0 or k % 2:
+            raise PrivacyInputError(
+                "secagg.neighbours", k, "must be an even integer >= 0 (0: every other client, full SecAgg)"
+            )
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.5 < float(t) <= 1.0:
+            raise PrivacyInputError(
+                "secagg.threshold",
+                t,
+                "must be a fraction in (0.5, 1] of a client's share holders (a majority, so that no minority of "
+                "colluding holders can reconstruct its secrets)",
+            )
+        d = self.dropout
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0.0 <= float(d) < 1.0:
+            raise PrivacyInputError("secagg.dropout", d, "must be a probability in [0, 1)")
+        object.__setattr__(self, "threshold", float(t))
+        object.__setattr__(self, "dropout", float(d))
+
+    def degree(self, clients: int) -> int:
+        """``k`` for a round of ``clients`` clients: ``neighbours``, or ``clients - 1`` (full SecAgg)."""
+        full = max(int(clients) - 1, 0)
+        return full if self.neighbours == 0 or self.neighbours >= full else self.neighbours
+
+    def shares_needed(self, clients: int) -> int:
+        """``t``: how many of a client's ``k + 1`` share holders must answer to reconstruct one of its secrets: the
+        ``threshold`` fraction, and always a strict majority of the holders and at least 2 (the clients refuse less)."""
+        holders = self.degree(clients) + 1
+        return max(2, holders // 2 + 1, math.ceil(self.threshold * holders - 1e-9))
 
 
 @dataclass(frozen=True)
@@ -105,6 +158,7 @@ class PrivacySettings:
     target_epsilon: float | None = None
     canaries: int = 0
     agnostic: bool = False
+    secagg: SecureAggregation | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -211,6 +265,22 @@ def check_combination(settings: Any, sampler: Any, noise: Any) -> None:
     _check_baselines(settings)
     _check_calibration(settings, noise)
     _check_canaries(settings, sampler)
+    _check_secagg(settings, noise)
+
+
+def _check_secagg(settings: Any, noise: Any) -> None:
+    """Secure aggregation sums integers modulo ``2^bits``: the clients must add their own noise and encode it."""
+    if getattr(settings, "secagg", None) is None:
+        return
+    where = placement(settings.noise_placement)
+    if not where.clients_add_noise or not noise.encodes:
+        encoding = ", ".join(n for n, c in NOISE_SOURCES.items() if c.encodes)
+        raise PrivacyInputError(
+            "secagg",
+            "enabled",
+            f"needs noise_placement='distributed' and a mechanism whose clients encode their noised update as "
+            f"integers ({encoding}); got noise_placement={where.name!r}, mechanism={noise.name!r}",
+        )
 
 
 def _adaptive(settings: Any) -> bool:
@@ -451,23 +521,32 @@ def extension_refusal(noise: Any, old: int, target: int) -> str | None:
 
 def deployment_refusal(settings: Any, trusted_server: bool, opt_in: str) -> str | None:
     """Why ``settings`` cannot run on real Flower nodes, or None. ``trusted_server``: the operator accepted that the
-    server sees each client's update with only its own noise share (``opt_in`` names how to say so). fedsim has no
-    secure aggregation: with distributed placement the server receives every client's update carrying only that
-    client's share, so against the server a client is protected by ``1/sqrt(m)`` of the accounted noise for an
-    expected cohort of m; the ledger's epsilon then holds only against parties who see no more than the aggregate.
-    Canary clients exist only in simulation."""
+    server sees each client's update with only its own noise share (``opt_in`` names how to say so).
+
+    With distributed placement and secure aggregation (``settings.secagg``: SecAgg+, :mod:`fedsim.secagg`) the server
+    learns only the sum of the survivors' noised encodings, and the ledger's epsilon holds against it. Without it the
+    server receives every client's update carrying only that client's share, so against the server a client is
+    protected by ``1/sqrt(m)`` of the accounted noise for an expected cohort of m: refused unless the operator trusts
+    the server. A simulated dropout rate and canary clients exist only in simulation."""
     if settings.canaries:
         return (
             f"privacy.canaries={settings.canaries}: canary clients exist only in simulation (fedsim run, "
             "fedsim sweep); a deployed ServerApp does not insert fabricated clients into a real population. "
             "Set privacy.canaries = 0 in the run config's scenario"
         )
-    if placement(settings.noise_placement).clients_add_noise and not trusted_server:
+    secagg = getattr(settings, "secagg", None)
+    if secagg is not None and secagg.dropout > 0:
         return (
-            f"noise_placement = {settings.noise_placement!r} is refused with Flower nodes: fedsim has no secure "
-            "aggregation, so the server receives each client's update carrying only that client's share of the "
-            "noise, and against the server the certified epsilon does not hold. Use noise_placement = 'central' "
-            "(the server adds the noise: epsilon holds against everyone who sees the released model), or, if the "
-            f"server is trusted and only third parties must be kept out, opt in with {opt_in}"
+            f"privacy.secagg.dropout={secagg.dropout:g} simulates clients that drop out; a deployment has real "
+            "ones (their masks are removed from their neighbours' shares). Set privacy.secagg.dropout = 0"
+        )
+    if placement(settings.noise_placement).clients_add_noise and secagg is None and not trusted_server:
+        return (
+            f"noise_placement = {settings.noise_placement!r} is refused with Flower nodes without secure "
+            "aggregation: the server would receive each client's update carrying only that client's share of the "
+            "noise, and against the server the certified epsilon would not hold. Enable [privacy.secagg] (SecAgg+, "
+            "with mechanism 'ddgauss' or 'skellam': the server learns only the noised sum), use noise_placement = "
+            "'central' (the server adds the noise: epsilon holds against everyone who sees the released model), "
+            f"or, if the server is trusted and only third parties must be kept out, opt in with {opt_in}"
         )
     return None

@@ -33,7 +33,16 @@ def bounded_value(value: Any, low: float, high: float) -> float | None:
 #: model; ``timeout`` not finished within ``engine.round_timeout_s``; ``worker_lost`` the Ray worker training it
 #: died; ``no_reply`` a sampled Flower node that never replied; ``not_sampled`` a reply from a node that was not
 #: sampled (never aggregated).
-FAILURES = ("error", "non_finite", "wrong_shape", "timeout", "worker_lost", "no_reply", "not_sampled")
+FAILURES = (
+    "error",
+    "non_finite",
+    "wrong_shape",
+    "timeout",
+    "worker_lost",
+    "no_reply",
+    "not_sampled",
+    "dropped",  # secure aggregation: shared its keys, sent no masked input (its masks removed by its neighbours)
+)
 
 
 def _is_torch(x: Any) -> bool:
@@ -91,6 +100,8 @@ class PartialSum:
     count_shares: int = 0
     norms: list[float] = field(default_factory=list)
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    #: secure aggregation aborted the round (too few survivors to unmask the sum): why; nothing may be released
+    secure_abort: str | None = None
 
     def __post_init__(self) -> None:
         if self.total is None:
@@ -216,6 +227,14 @@ class PartialSum:
         if math.isfinite(norm):
             self.norms.append(float(norm))
 
+    def add_secure_sum(self, total: np.ndarray, clients: int) -> None:
+        """Add the sum of ``clients`` clients' encodings modulo ``2^bits``, as secure aggregation gives it (only the
+        sum: each client's encoding stays hidden), to ``extras["encoded"]``: decoding reduces it modulo ``2^bits`` as
+        it does a simulation's plain sum of the same encodings."""
+        self.add_encoded(np.asarray(total, dtype=np.float64), math.nan)
+        self.count += int(clients) - 1
+        self.noise_shares += int(clients) - 1
+
     def add_noised_count(self, value: float) -> None:
         """Distributed noise with adaptive clipping: add one client's unclipped bit, already noised by the client."""
         self.unclipped_noised += float(value)
@@ -247,6 +266,7 @@ class PartialSum:
         self.unclipped_noised += other.unclipped_noised
         self.count_shares += other.count_shares
         self.norms.extend(other.norms)
+        self.secure_abort = self.secure_abort or other.secure_abort
         for key, vec in other.extras.items():
             if key in self.extras:
                 self.extras[key] = self.extras[key] + vec

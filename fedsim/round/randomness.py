@@ -44,6 +44,7 @@ STREAM_ROTATION = (
 STREAM_ROUNDING = (
     10  # distributed discrete noise: a client's randomized rounding, keyed (seed, round, stream, client)
 )
+STREAM_SECAGG = 11  # secure aggregation: the round's neighbour graph (server side) and simulated dropouts
 
 _TWO_PI = 2.0 * math.pi
 _2_POW_53 = float(1 << 53)

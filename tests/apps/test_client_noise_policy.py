@@ -132,7 +132,7 @@ def test_dpfedavg_start_refuses_distributed_noise_without_secure_aggregation_unl
     initial = model_record(trainer, initial_weights(trainer.settings, data.input_dim, data.num_classes))
     grid = LoopbackGrid(client_module.app, NODES, cfg)
     strategy = DPFedAvg(sampling="all", noise_placement="distributed", seed=None)
-    with pytest.raises(ValueError, match="refused with Flower nodes: fedsim has no secure aggregation"):
+    with pytest.raises(ValueError, match="refused with Flower nodes without secure aggregation"):
         strategy.start(grid=ClientIdGrid(grid, min_nodes=NODES), initial_arrays=initial, num_rounds=1)
     assert not grid.sent  # refused before any message
     strategy = DPFedAvg(

@@ -113,7 +113,7 @@ def test_the_attack_recovers_seeded_noise(tmp_path):
 
 def test_deployed_distributed_noise_is_refused_without_secure_aggregation_unless_opted_in(tmp_path):
     overrides = f"{BASE} privacy.noise_placement=distributed"
-    with pytest.raises(ValueError, match="refused with Flower nodes: fedsim has no secure aggregation"):
+    with pytest.raises(ValueError, match="refused with Flower nodes without secure aggregation"):
         _deploy(tmp_path, "refused", overrides)
     assert not (tmp_path / "refused").exists()  # refused before anything ran or was written
     grid = _deploy(tmp_path, "opted-in", overrides, **{server_module.DISTRIBUTED_OPT_IN: True})

@@ -9,7 +9,7 @@ import pytest
 
 from fedsim.experiment import build_experiment, privacy_settings
 from fedsim.privacy import AdaptiveClipping, PrivacyInputError, PrivacySettings
-from fedsim.privacy.settings import deployment_refusal, resume_refusal
+from fedsim.privacy.settings import SecureAggregation, deployment_refusal, resume_refusal
 from fedsim.round import NoiseSource, make_sampler
 from fedsim.scenarios import ScenarioError, load_scenario
 from fedsim.strategies import DPFedAvg
@@ -96,8 +96,40 @@ def test_resume_and_deployment_ask_the_same_rules():
     assert "optimised its banded Toeplitz coefficients" in resume_refusal(banded, "seeded", 4, 6)
     assert resume_refusal(PrivacySettings(sampling="all", mechanism="tree"), "seeded", 4, 6) is None
     distributed = PrivacySettings(sampling_rate=0.1, noise_placement="distributed")
-    assert "fedsim has no secure aggregation" in deployment_refusal(distributed, False, "the flag")
+    assert "refused with Flower nodes without secure aggregation" in deployment_refusal(
+        distributed, False, "the flag"
+    )
     assert deployment_refusal(distributed, True, "the flag") is None
+    # with SecAgg+ the server learns only the noised sum: no opt-in needed; a simulated dropout rate is refused
+    secure = dict(noise_placement="distributed", mechanism="ddgauss", accountant="rdp", sampling_rate=0.1)
+    assert (
+        deployment_refusal(PrivacySettings(**secure, secagg=SecureAggregation()), False, "the flag") is None
+    )
+    assert "simulates clients that drop out" in deployment_refusal(
+        PrivacySettings(**secure, secagg=SecureAggregation(dropout=0.1)), False, "the flag"
+    )
+    # secure aggregation sums integers: central noise, or Gaussian shares, cannot be summed by it
+    for bad in (
+        dict(secure, noise_placement="central", mechanism="independent", accountant="pld"),
+        dict(secure, mechanism="independent", accountant="pld"),
+    ):
+        with pytest.raises(
+            PrivacyInputError, match="needs noise_placement='distributed' and a mechanism whose"
+        ):
+            PrivacySettings(**bad, secagg=SecureAggregation())
+    for field, value in (
+        ("neighbours", 3),
+        ("neighbours", -2),
+        ("threshold", 0.5),
+        ("threshold", 1.2),
+        ("dropout", 1),
+    ):
+        with pytest.raises(PrivacyInputError, match=f"secagg.{field}"):
+            SecureAggregation(**{field: value})
+    # t: a majority of the k + 1 holders, at least 2; k: the neighbours, or everyone else (full SecAgg)
+    assert SecureAggregation().degree(10) == 9 and SecureAggregation(neighbours=4).degree(10) == 4
+    assert SecureAggregation(neighbours=4).shares_needed(10) == 3  # ceil(0.6 * 5)
+    assert SecureAggregation(neighbours=20).degree(6) == 5 and SecureAggregation().shares_needed(2) == 2
     assert "canary clients exist only in simulation" in deployment_refusal(
         PrivacySettings(sampling_rate=0.1, canaries=2), True, "the flag"
     )
