@@ -83,8 +83,8 @@ class ClientIdGrid(Grid):
     """Wraps a Grid so that node ids seen by the strategy are the nodes' client ids.
 
     Nodes that join later are asked who they are the next time ``get_node_ids`` is called; nodes that left
-    are dropped. ``node_to_client`` holds the current mapping. ``get_node_ids`` first waits (up to
-    ``connect_timeout`` s) until ``min_nodes`` nodes are connected.
+    are dropped. ``node_to_client`` holds the current mapping. The first ``get_node_ids`` waits (up to
+    ``connect_timeout`` s) until ``min_nodes`` nodes are connected; later ones take the nodes connected then.
     """
 
     def __init__(
@@ -96,10 +96,16 @@ class ClientIdGrid(Grid):
         self._connect_timeout = connect_timeout
         self.node_to_client: dict[int, int] = {}
         self.client_to_node: dict[int, int] = {}
+        self._waited = False
 
     # ---------------------------------------------------------------- mapping
     def refresh(self) -> dict[int, int]:
-        nodes = set(wait_for_nodes(self._grid, self._min_nodes, self._connect_timeout))
+        # min_nodes is how many to wait for before the first round; a node lost later must not stall the next round
+        if self._waited:
+            nodes = {int(n) for n in self._grid.get_node_ids()}
+        else:
+            nodes = set(wait_for_nodes(self._grid, self._min_nodes, self._connect_timeout))
+            self._waited = True
         new = nodes - set(self.node_to_client)
         for gone in set(self.node_to_client) - nodes:
             self.client_to_node.pop(self.node_to_client.pop(gone), None)

@@ -126,6 +126,10 @@ def _exchange(
     mapping = dict(getattr(grid, "node_to_client", {}) or node_to_client)
     for reply in grid.send_and_receive(messages, timeout=timeout):
         node = int(reply.metadata.src_node_id)
+        if mapping and node not in mapping:
+            # not one of the round's nodes: the SuperLink's own error for a node it lost (src node 1, NODE_UNAVAILABLE),
+            # which names no client; counted as no reply, never as the reply of the client whose id is 1
+            continue
         out.setdefault(mapping.get(node, node), reply)
     return out
 
