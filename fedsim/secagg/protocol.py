@@ -239,13 +239,13 @@ def secure_sum(
         messages.append(Message(content=record, message_type=MessageType.TRAIN, dst_node_id=u))
     replies = _exchange(grid, messages, node_to_client, timeout)
     modulus = 1 << bits
-    total = np.zeros(dim, dtype=np.uint64)
+    total = np.zeros(dim, dtype=np.uint32)  # arithmetic modulo 2^32, which 2^bits divides (bits <= 32)
     u3: list[int] = []
     for u in u2:
         masked = reply_masked(replies[u], dim, bits) if u in replies else None
         if masked is None:
             continue
-        total += masked.astype(np.uint64)
+        total += masked
         u3.append(u)
     dropped = sorted(in_u2.difference(u3))
     stages["masked-input"] = len(u3)
@@ -284,7 +284,7 @@ def secure_sum(
         return result(f"too few clients returned their shares: {why}", dropped=dropped)
     try:
         for u in u3:  # the survivors' self masks
-            total -= crypto.mask(crypto.combine(seed_shares[u], t), dim, bits).astype(np.uint64)
+            total -= crypto.mask(crypto.combine(seed_shares[u], t), dim, bits)
         for v in dropped:  # the dropped clients' pairwise masks, left in their surviving neighbours' inputs
             sk2 = crypto.combine(key_shares[v], t)
             if crypto.public_of(sk2) != pk2[v]:
@@ -295,12 +295,12 @@ def secure_sum(
                 if u in in_u3:
                     pair = crypto.mask(crypto.agree(sk2, pk2[u], _info(_MASK_INFO, session)), dim, bits)
                     if u < v:  # u added +PRG(s_uv)
-                        total -= pair.astype(np.uint64)
+                        total -= pair
                     else:
-                        total += pair.astype(np.uint64)
+                        total += pair
     except SecAggError as exc:
         return result(f"unmasking failed: {exc}", dropped=dropped)
-    total &= np.uint64(modulus - 1)
+    total &= np.uint32(modulus - 1)
     return SecureSum(total, survivors=u3, dropped=dropped, failures=failures, stages=stages)
 
 
@@ -502,15 +502,16 @@ def mask_input(
         seeds.append(seed_share)
         keys.append(key_share)
     dim = int(np.asarray(encoded).size)
-    y = np.asarray(encoded, dtype=np.int64).astype(np.uint64)
-    y += crypto.mask(state["seed"], dim, bits).astype(np.uint64)
+    # modulo 2^32 (uint32 wraps), which 2^bits divides: the residues are exact after the final mask
+    y = np.asarray(encoded, dtype=np.int64).astype(np.uint32)
+    y += crypto.mask(state["seed"], dim, bits)
     for v in src:
         pair = crypto.mask(crypto.agree(state["sk2"], peer2[v], _info(_MASK_INFO, session)), dim, bits)
         if client < v:
-            y += pair.astype(np.uint64)
+            y += pair
         else:
-            y -= pair.astype(np.uint64)
-    y &= np.uint64((1 << bits) - 1)
+            y -= pair
+    y &= np.uint32((1 << bits) - 1)
     state.update({"stage": "masked-input", "src": src, "recv-seed": seeds, "recv-key": keys})
     context.state[LAST_ROUND] = ConfigRecord({"round": int(server_round)})
     return y.astype(masked_dtype(bits))

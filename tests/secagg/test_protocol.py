@@ -82,8 +82,10 @@ def _encodings(bits: int, dim: int, seed: int = 0) -> dict[int, np.ndarray]:
 
 
 def _sum(encodings: dict[int, np.ndarray], clients: list[int], bits: int) -> np.ndarray:
-    """The survivors' encodings summed modulo ``2^bits`` (uint64, as :class:`SecureSum` holds it)."""
-    return sum(encodings[c].astype(np.uint64) for c in clients) & np.uint64((1 << bits) - 1)
+    """The survivors' encodings summed modulo ``2^bits`` (uint32, as :class:`SecureSum` holds it)."""
+    return (sum(encodings[c].astype(np.uint64) for c in clients) & np.uint64((1 << bits) - 1)).astype(
+        np.uint32
+    )
 
 
 # ------------------------------------------------------------------------------------------- the sum, with dropouts
@@ -115,7 +117,7 @@ def test_secure_sum_is_exactly_the_survivors_sum(bits, neighbours, stage):
     assert result.survivors == survivors
     assert result.dropped == ([DROPPER] if stage == "masked-input" else [])
     assert result.failures == failures
-    assert result.total is not None and result.total.dtype == np.uint64
+    assert result.total is not None and result.total.dtype == np.uint32
     np.testing.assert_array_equal(result.total, _sum(encodings, survivors, bits))
     # the sum was not there before unmasking: the masked inputs alone add up to something else
     masked = [r for r in grid.replies if r.metadata.message_type == MessageType.TRAIN]
