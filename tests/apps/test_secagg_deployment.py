@@ -18,18 +18,15 @@ secrets with 2 neighbours (SecAgg+'s sparse graph, not every other client), 2 of
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from scipy.stats import chisquare
 from secagg_harness import client_app, load_capture  # tests/apps/secagg_harness.py, beside this file
+from smoke import run_smoke  # tests/apps/smoke.py
 
 from fedsim.flower.grid import IDENTITY_MESSAGE_TYPE, KEY_CLIENT_ID, KEY_PARTITION_ID
 from fedsim.flower.protocol import ENCODED, encoding_of
@@ -37,8 +34,6 @@ from fedsim.privacy.settings import SecureAggregation
 from fedsim.report.rows import summary_stop
 from fedsim.secagg import protocol as secagg
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "deploy_smoke.sh"
 NODES = 5
 NEIGHBOURS = 2
 OVERRIDES = (
@@ -127,7 +122,6 @@ def test_secagg_on_a_real_superlink_survives_a_dropout_then_aborts_below_the_thr
 
     capture, run_dir, ledger = tmp_path / "capture", tmp_path / "server-run", tmp_path / "ledger.json"
     env = {
-        **os.environ,
         "FEDSIM_SMOKE_RUN_DIR": str(run_dir),
         "FEDSIM_SMOKE_PORT": "19391",
         "FEDSIM_SMOKE_NODE_PORTS": " ".join(str(19401 + i) for i in range(NODES)),
@@ -141,24 +135,8 @@ def test_secagg_on_a_real_superlink_survives_a_dropout_then_aborts_below_the_thr
         "FEDSIM_SMOKE_KILL": f"1:{','.join(map(str, KILL_R1))} 2:{','.join(map(str, KILL_R2))}",
         "FEDSIM_SMOKE_TIMEOUT": "450",  # the run: about 280 s on 2 idle cores
         "FEDSIM_SMOKE_REFUSALS": "0",  # tests/apps/test_secure_deployment.py checks them
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "--secure"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=540)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the script's trap then stops what it started
-        out, _ = proc.communicate(timeout=30)
-        pytest.fail(f"the deployment did not finish in 540 s:\n{out[-6000:]}")
-    assert proc.returncode == 0, out[-8000:]
+    out = run_smoke(env, 540, "--secure")
     assert f"registered {NODES} SuperNode public keys" in out
     for r, ids in ((1, KILL_R1), (2, KILL_R2)):
         for i in ids:

@@ -11,44 +11,21 @@ included; this test kills the script's own group if it overruns.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "deploy_smoke.sh"
+from smoke import run_smoke  # tests/apps/smoke.py
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the script uses setsid and /dev/tcp")
 def test_tls_and_supernode_authentication_run_two_rounds_and_refuse_strangers(tmp_path):
     env = {
-        **os.environ,
         "FEDSIM_SMOKE_RUN_DIR": str(tmp_path / "server-run"),
         "FEDSIM_SMOKE_PORT": "19291",
         "FEDSIM_SMOKE_NODE_PORTS": "19301 19302",
         "FEDSIM_SMOKE_REFUSED_PORT": "19310",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "--secure"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the script's trap then stops what it started
-        out, _ = proc.communicate(timeout=30)
-        pytest.fail(f"the secure deployment did not finish in 420 s:\n{out[-4000:]}")
-    assert proc.returncode == 0, out[-6000:]
+    out = run_smoke(env, 420, "--secure")
     assert "registered 2 SuperNode public keys" in out
     assert "refused as it must be: unregistered SuperNode" in out
     assert "refused as it must be: no-tls SuperNode" in out
