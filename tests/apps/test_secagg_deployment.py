@@ -204,7 +204,7 @@ def test_secagg_on_a_real_superlink_survives_a_dropout_then_aborts_below_the_thr
     }
     modulus = 1 << bits
     expected = sum(encoded[(1, n)] for n in r1_alive) % modulus
-    assert r1["total"].dtype == np.uint64 and r1["total"].shape == (dim,)
+    assert r1["total"].dtype == np.uint32 and r1["total"].shape == (dim,)
     np.testing.assert_array_equal(r1["total"].astype(np.int64), expected)
 
     # (b) each masked input that arrived is uniform modulo 2^bits (its top 4 bits: 16 equally likely values) and
