@@ -367,9 +367,8 @@ def make_client_app(run_config_defaults: dict | None = None, *, noise_seed: int 
                     "this node sends its update only masked by secure aggregation (its "
                     f"{policy.secagg_source}); the message has no secure-aggregation session"
                 )
-            if (
-                secure
-            ):  # before training: a message this node would not mask is refused without touching its data
+            # before training: a message this node would not mask is refused without touching its data
+            if secure:
                 check_train(config, context, server_round)
             try:
                 partial, metrics = trainer.train(plan, flat)
