@@ -363,17 +363,31 @@ def plain_sum(setup: Setup, encodings: dict[int, np.ndarray], dropped: set[int])
     return total & np.uint64((1 << setup.bits) - 1)
 
 
-def run_fedsim(
-    setup: Setup, dropped: set[int], seed: int, keep_samples: bool = False
-) -> tuple[Outcome, np.ndarray | None]:
-    encodings: dict[int, np.ndarray] = {}
-    grid = WireGrid(
+def fedsim_grid(
+    setup: Setup, encodings: dict[int, np.ndarray], dropped: set[int], keep_samples: bool, kind: Any
+) -> WireGrid:
+    """The wire to fedsim's clients (who record their encodings in ``encodings``); the ``dropped`` ones never get
+    their train message (the masked input, or the unmasked round's only message)."""
+    return WireGrid(
         fedsim_client_app(setup, encodings),
         contexts_for(setup.nodes),
         dropped=dropped,
         drops=lambda m: m.metadata.message_type == MessageType.TRAIN,
-        kind=lambda m: str(m.content.config_records["config"].get(secagg.STAGE, "masked-input")),
+        kind=kind,
         keep_samples=keep_samples,
+    )
+
+
+def run_fedsim(
+    setup: Setup, dropped: set[int], seed: int, keep_samples: bool = False
+) -> tuple[Outcome, np.ndarray | None]:
+    encodings: dict[int, np.ndarray] = {}
+    grid = fedsim_grid(
+        setup,
+        encodings,
+        dropped,
+        keep_samples,
+        kind=lambda m: str(m.content.config_records["config"].get(secagg.STAGE, "masked-input")),
     )
     arrays = model_arrays(setup)
 
@@ -400,14 +414,7 @@ def run_fedsim(
 
 def run_plain(setup: Setup, dropped: set[int], keep_samples: bool = False) -> tuple[Outcome, np.ndarray]:
     encodings: dict[int, np.ndarray] = {}
-    grid = WireGrid(
-        fedsim_client_app(setup, encodings),
-        contexts_for(setup.nodes),
-        dropped=dropped,
-        drops=lambda m: m.metadata.message_type == MessageType.TRAIN,
-        kind=lambda _m: "train (unmasked)",
-        keep_samples=keep_samples,
-    )
+    grid = fedsim_grid(setup, encodings, dropped, keep_samples, kind=lambda _m: "train (unmasked)")
     arrays = model_arrays(setup)
     encoding = setup.plan.encoding
 
