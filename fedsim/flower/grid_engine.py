@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
+from fedsim.privacy.settings import simulated_dropout_refusal
 from fedsim.round import PartialSum, id_array
 from fedsim.round.randomness import STREAM_SECAGG
 from fedsim.secagg.protocol import secure_sum
@@ -47,12 +48,8 @@ class GridEngine:
         self.timeout = timeout
         #: the last SecAgg+ round's outcome (fedsim.secagg.protocol.SecureSum)
         self.last_secure_sum: Any = None
-        secagg = getattr(strategy.privacy, "secagg", None)
-        if secagg is not None and secagg.dropout > 0:
-            raise ValueError(
-                f"privacy.secagg.dropout={secagg.dropout:g} simulates dropouts on the in-process and Ray engines; "
-                "Flower nodes (engine.name = 'flower', or a deployment) have real ones. Set privacy.secagg.dropout = 0"
-            )
+        if (why := simulated_dropout_refusal(strategy.privacy)) is not None:
+            raise ValueError(why)
 
     def available(self, round_: int | None = None) -> np.ndarray:
         """The client ids of the nodes connected now (what a round samples from and is accounted over)."""

@@ -519,6 +519,19 @@ def extension_refusal(noise: Any, old: int, target: int) -> str | None:
     )
 
 
+def simulated_dropout_refusal(settings: Any) -> str | None:
+    """Why ``settings`` cannot run on Flower nodes (a deployment, or ``engine.name = "flower"``, which runs the real
+    SecAgg+ protocol): a simulated dropout rate, which only the engines that simulate the protocol draw; or None."""
+    secagg = getattr(settings, "secagg", None)
+    if secagg is None or secagg.dropout <= 0:
+        return None
+    return (
+        f"privacy.secagg.dropout={secagg.dropout:g} simulates clients that drop out (in process and on Ray); Flower "
+        "nodes (a deployment, or engine.name = 'flower') have real ones, whose masks are removed from their "
+        "neighbours' shares. Set privacy.secagg.dropout = 0"
+    )
+
+
 def deployment_refusal(settings: Any, trusted_server: bool, opt_in: str) -> str | None:
     """Why ``settings`` cannot run on real Flower nodes, or None. ``trusted_server``: the operator accepted that the
     server sees each client's update with only its own noise share (``opt_in`` names how to say so).
@@ -535,11 +548,8 @@ def deployment_refusal(settings: Any, trusted_server: bool, opt_in: str) -> str 
             "Set privacy.canaries = 0 in the run config's scenario"
         )
     secagg = getattr(settings, "secagg", None)
-    if secagg is not None and secagg.dropout > 0:
-        return (
-            f"privacy.secagg.dropout={secagg.dropout:g} simulates clients that drop out; a deployment has real "
-            "ones (their masks are removed from their neighbours' shares). Set privacy.secagg.dropout = 0"
-        )
+    if (why := simulated_dropout_refusal(settings)) is not None:
+        return why
     if placement(settings.noise_placement).clients_add_noise and secagg is None and not trusted_server:
         return (
             f"noise_placement = {settings.noise_placement!r} is refused with Flower nodes without secure "
