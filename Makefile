@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    create .venv, install fedsim, run the default scenario end to end
 #   make test   create .venv, install fedsim with test extras, run the test suite
+#   make docs   build the documentation site into docs/_build/html (warnings are errors)
 #
 # TORCH picks the PyTorch build. The default pins the CPU build that this project is developed on,
 # so that no CUDA packages are downloaded. With a GPU: make run TORCH=torch   (or any torch spec).
@@ -17,7 +18,7 @@ export FLWR_TELEMETRY_ENABLED ?= 0
 export FLWR_DISABLE_UPDATE_CHECK ?= 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION ?= 1
 
-.PHONY: install install-test run test lint bench clean
+.PHONY: install install-test install-docs run test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +32,13 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)" -e ".[test]"
 	touch $(VENV)/.installed $@
 
+$(VENV)/.installed-docs: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH)" -e ".[docs]"
+	touch $(VENV)/.installed $@
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+install-docs: $(VENV)/.installed-docs
 
 run: install
 	$(BIN)/fedsim run $(SCENARIO) $(ARGS)
@@ -44,8 +50,14 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The documentation site, offline, with every warning an error (a broken link or reference fails the build).
+# Open docs/_build/html/index.html in a browser.
+docs: install-docs
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 bench: install
 	$(BIN)/python benchmarks/privacy.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info docs/_build

@@ -1,7 +1,9 @@
-"""README.md's fenced code blocks, the markers that say how each is run, and a fast runner for ``fedsim`` commands.
+"""The fenced code blocks of README.md and of every page of the documentation site (``docs/**/*.md``), the markers
+that say how each is run, and a fast runner for ``fedsim`` commands.
 
 Used by ``tests/test_readme.py``. A block is run as written unless the line right before it (blank lines aside)
-is a marker, an HTML comment that the rendered README does not show:
+is a marker, an HTML comment that neither GitHub nor the built site shows. A MyST directive (a fence whose info
+string is ``{name}``, such as ``{toctree}``) is markup, not an example, and is not a block here.
 
 ``<!-- readme-test: skip: WHY; covered by PATH[::TEST], ... -->``
     not run here; each PATH must exist (and each TEST be defined in it).
@@ -43,6 +45,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def doc_files() -> list[Path]:
+    """README.md and every Markdown page of the site (the build folder aside), in a fixed order."""
+    pages = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
+    return [README, *pages]
 
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARKER = re.compile(r"^<!-- readme-test: (.*) -->$")
@@ -95,18 +104,26 @@ class Block:
     line: int  # the opening fence's line number (1-based)
     marker: str | None
     section: str
+    path: Path = README
+
+    @property
+    def where(self) -> str:
+        """``docs/how-to/sweeps.md:12``: the file (relative to the repository) and the opening fence's line."""
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
 
     @property
     def name(self) -> str:
-        return f"L{self.line}-{self.lang or 'text'}"
+        page = self.path.relative_to(ROOT).with_suffix("").as_posix().removeprefix("docs/").replace("/", ".")
+        return f"{page}-L{self.line}-{self.lang or 'text'}"
 
     def directive(self) -> Directive:
         return parse_marker(self.marker) if self.marker is not None else Directive()
 
 
-def read_blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of README.md, with the marker right before it (if any) and its section heading."""
-    lines = (README.read_text() if text is None else text).splitlines()
+def read_blocks(text: str | None = None, path: Path = README) -> list[Block]:
+    """Every fenced block of ``path`` (README.md by default; ``text`` in its place if given), with the marker right
+    before it (if any) and its section heading. MyST directives are left out (see the module docstring)."""
+    lines = (path.read_text() if text is None else text).splitlines()
     out: list[Block] = []
     section = ""
     i = 0
@@ -125,14 +142,14 @@ def read_blocks(text: str | None = None) -> list[Block]:
             body.append(lines[i])
             i += 1
         if i == len(lines):
-            raise ValueError(f"README.md:{start + 1}: code block never closed")
+            raise ValueError(f"{path.relative_to(ROOT)}:{start + 1}: code block never closed")
         j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
         marker = _MARKER.match(lines[j].strip()) if j >= 0 else None
-        out.append(
-            Block(m.group(1), "\n".join(body) + "\n", start + 1, marker.group(1) if marker else None, section)
-        )
+        if not m.group(1).startswith("{"):
+            text_ = "\n".join(body) + "\n"
+            out.append(Block(m.group(1), text_, start + 1, marker.group(1) if marker else None, section, path))
         i += 1
     return out
 

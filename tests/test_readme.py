@@ -1,4 +1,5 @@
-"""Every fenced code block of README.md is run here, or marked with why not and which test covers it instead.
+"""Every fenced code block of README.md and of every page of the documentation site (``docs/**/*.md``) is run here,
+or marked with why not and which test covers it instead.
 
 How a block is run, and the markers that change it, are in ``readme_blocks.py`` (beside this file). In short:
 ``fedsim`` commands (``bash`` blocks) run in a temporary folder with the installed ``fedsim``, each in its own
@@ -27,6 +28,7 @@ from readme_blocks import (
     ROOT,
     Block,
     apply_replacements,
+    doc_files,
     read_blocks,
     run_fedsim,
     shell_commands,
@@ -34,7 +36,7 @@ from readme_blocks import (
     with_appends,
 )
 
-BLOCKS = read_blocks()
+BLOCKS = [block for path in doc_files() for block in read_blocks(path=path)]
 RUN = [b for b in BLOCKS if b.directive().kind != "skip"]
 FEDSIM_BLOCKS = [b for b in RUN if b.lang == "bash" or b.directive().kind == "output"]
 TRANSCRIPTS = [b for b in RUN if b.lang in ("", "console") and b.text.startswith("$ ")]
@@ -60,7 +62,7 @@ def _task_identity(monkeypatch):
 
 # ------------------------------------------------------------------------------------------- every block
 def test_every_block_is_run_here_or_marked_with_the_test_that_covers_it():
-    assert len(BLOCKS) >= 10, "README.md lost its code blocks?"
+    assert len(BLOCKS) >= 10, "README.md and docs/ lost their code blocks?"
     handled = {id(b) for b in FEDSIM_BLOCKS + TRANSCRIPTS + PYTHON + TOML}
     for block in BLOCKS:
         d = block.directive()
@@ -68,22 +70,22 @@ def test_every_block_is_run_here_or_marked_with_the_test_that_covers_it():
             for ref in d.covered_by:
                 path, _, test = ref.partition("::")
                 assert (ROOT / path).is_file(), (
-                    f"README.md:{block.line}: the marker names {path}, which is missing"
+                    f"{block.where}: the marker names {path}, which is missing"
                 )
                 if test:
                     assert re.search(rf"def {test}\(", (ROOT / path).read_text()), f"{ref} is not defined"
             continue
         assert id(block) in handled, (
-            f"README.md:{block.line}: a {block.lang or 'plain'} block that no test runs: run it here or put a "
+            f"{block.where}: a {block.lang or 'plain'} block that no test runs: run it here or put a "
             "'<!-- readme-test: skip: WHY; covered by TEST -->' marker right before it"
         )
         if d.kind == "run" and block.lang == "bash":
-            assert shell_commands(apply_replacements(block.text, d)), f"README.md:{block.line}: no commands"
+            assert shell_commands(apply_replacements(block.text, d)), f"{block.where}: no commands"
 
 
 # --------------------------------------------------------------------------------- fedsim commands (bash)
 @pytest.fixture(scope="module")
-def fedsim_results(tmp_path_factory) -> dict[int, list]:
+def fedsim_results(tmp_path_factory) -> dict[str, list]:
     """The fedsim commands of every bash block, transcript and output block, each block in its own folder; one
     runner for all of them (it imports fedsim and torch once)."""
     commands, owners = [], []
@@ -101,11 +103,11 @@ def fedsim_results(tmp_path_factory) -> dict[int, list]:
             argvs = shell_commands(apply_replacements(block.text, d))
         for argv in argvs:
             commands.append((with_appends(argv, d), cwd))
-            owners.append(block.line)
-    results: dict[int, list] = {}
+            owners.append(block.name)
+    results: dict[str, list] = {}
     for owner, res in zip(owners, run_fedsim(commands), strict=True):
         results.setdefault(owner, []).append(res)
-        print(f"README.md:{owner}: {res.seconds:5.1f} s  exit {res.returncode}  {shlex.join(res.argv)}")
+        print(f"{owner}: {res.seconds:5.1f} s  exit {res.returncode}  {shlex.join(res.argv)}")
     return results
 
 
@@ -126,10 +128,10 @@ def test_the_fedsim_command_is_the_entry_point_the_runner_calls():
 
 @pytest.mark.parametrize("block", [b for b in FEDSIM_BLOCKS if b.lang == "bash"], ids=_id)
 def test_bash_block_runs(block, fedsim_results):
-    results = fedsim_results[block.line]
+    results = fedsim_results[block.name]
     assert results
     for res in results:
-        assert res.returncode == 0, f"README.md:{block.line}:\n{res.describe()}"
+        assert res.returncode == 0, f"{block.where}:\n{res.describe()}"
         assert "Traceback" not in res.stderr, res.describe()
 
 
@@ -137,7 +139,7 @@ def test_bash_block_runs(block, fedsim_results):
 def test_shown_output_matches_a_real_run(block, fedsim_results):
     """The rows shown for rounds the short run reached must be printed exactly (but for the round total); every
     other line shown must have the same format (the same text, with any numbers) as a line the run printed."""
-    (res,) = fedsim_results[block.line]
+    (res,) = fedsim_results[block.name]
     assert res.returncode == 0, res.describe()
     printed = [line.rstrip() for line in res.stdout.splitlines()]
     rows = {int(m.group(1)): (line, m.group(2)) for line in printed if (m := _ROW.match(line))}
@@ -154,7 +156,7 @@ def test_shown_output_matches_a_real_run(block, fedsim_results):
             continue
         shape = _shape(shown)
         assert any(shape.fullmatch(line) for line in printed), (
-            f"README.md:{block.line}: no printed line has the format of\n{shown}\nprinted:\n{res.stdout}"
+            f"{block.where}: no printed line has the format of\n{shown}\nprinted:\n{res.stdout}"
         )
     assert checked_exactly >= 1, "the short run reached none of the rows shown"
 
@@ -174,7 +176,7 @@ def _shape(line: str) -> re.Pattern:
 def test_transcript_prints_what_the_readme_shows(block, fedsim_results):
     """Every output line a ``$ fedsim ...`` block shows is printed, in this order (``...``: lines left out); an
     error is printed exactly as shown, on stderr, with exit code 2."""
-    (res,) = fedsim_results[block.line]
+    (res,) = fedsim_results[block.name]
     _, shown = transcript(block.text)
     if shown and shown[0].startswith("fedsim: error:"):
         assert res.returncode == 2, res.describe()
@@ -190,7 +192,7 @@ def test_transcript_prints_what_the_readme_shows(block, fedsim_results):
         while k < len(printed) and printed[k] != want:
             k += 1
         assert k < len(printed), (
-            f"README.md:{block.line}: not printed (in this order):\n{line}\n---\n{res.stdout}"
+            f"{block.where}: not printed (in this order):\n{line}\n---\n{res.stdout}"
         )
         k += 1
 
@@ -200,8 +202,8 @@ def test_transcript_prints_what_the_readme_shows(block, fedsim_results):
 def test_python_block_runs(block, tmp_path, monkeypatch, capsys):
     d = block.directive()
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": f"readme_{block.line}"}
-    exec(compile(apply_replacements(block.text, d), f"README.md:{block.line}", "exec"), namespace)
+    namespace = {"__name__": f"docs_{block.line}"}
+    exec(compile(apply_replacements(block.text, d), block.where, "exec"), namespace)
     if d.main_nodes:
         _run_server_app(namespace, d)
     printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
@@ -210,7 +212,7 @@ def test_python_block_runs(block, tmp_path, monkeypatch, capsys):
     for want in expected:
         while k < len(printed) and printed[k] != want:
             k += 1
-        assert k < len(printed), f"README.md:{block.line}: did not print {want!r}; printed {printed}"
+        assert k < len(printed), f"{block.where}: did not print {want!r}; printed {printed}"
 
 
 def _run_server_app(namespace: dict, d) -> None:
