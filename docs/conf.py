@@ -20,7 +20,6 @@ copyright = "2026, fedsim developers"
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
     "sphinxarg.ext",
     "fedsim_docs",
 ]
@@ -31,7 +30,9 @@ exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 # MyST: heading anchors for links such as [text](privacy.md#the-neighbouring-relation)
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
-suppress_warnings = []
+# quotes and ellipses only: "--" stays two hyphens, so flags in prose and in the generated CLI reference
+# (argparse help, read as reStructuredText) read as typed (--set, not an en dash)
+smartquotes_action = "qe"
 
 html_theme = "furo"
 html_title = "fedsim"
@@ -39,5 +40,6 @@ html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+# (a flag present in this dict is switched on whatever its value: only "members" is named)
+autodoc_default_options = {"members": True}
 # The pages are built offline: no intersphinx inventories are fetched.

@@ -1,7 +1,7 @@
 """fedsim: federated learning with client-level differential privacy.
 
 The Python API (:mod:`fedsim.api`): ``fedsim.run(scenario, out, overrides=[...])`` runs a scenario and returns its
-:class:`~fedsim.loop.RunResult`; ``fedsim.load_model(run_dir)`` gives a run's final model as a ``torch.nn.Module``;
+:class:`~fedsim.RunResult`; ``fedsim.load_model(run_dir)`` gives a run's final model as a ``torch.nn.Module``;
 ``fedsim.load_scenario(name_or_path, overrides)`` and ``fedsim.Scenario`` describe an experiment. They are imported
 on first use, so ``import fedsim`` (and the ``fedsim`` command's ``--help``) stays instant.
 """

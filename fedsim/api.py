@@ -2,7 +2,7 @@
 
 ``fedsim.run(scenario, out)`` is ``fedsim run`` without the console: it runs a :class:`~fedsim.scenarios.Scenario`
 (an object, a shipped scenario's name or a ``.toml`` path, with ``--set``-style ``overrides``), writes the run
-directory and returns the :class:`~fedsim.loop.RunResult`. ``fedsim.load_model(run_dir)`` rebuilds the run's
+directory and returns the :class:`~fedsim.RunResult`. ``fedsim.load_model(run_dir)`` rebuilds the run's
 model from its ``config.toml`` and loads the final weights into it.
 
 Everything heavy (torch, Ray, Flower) is imported when a function is called, so ``import fedsim`` stays instant.
@@ -41,21 +41,12 @@ def run(
     ``on_row``: called with each round's row as it is written. ``write=False``: write no run directory.
     ``engine``: an engine object to reuse (it is not closed); default: the scenario's ``engine.name``.
 
-    Returns a :class:`fedsim.loop.RunResult`:
-
-    - ``run_dir``: the run directory (``None`` with ``write=False``);
-    - ``rows``: one dict per round, as in ``metrics.jsonl``: ``round``, ``epsilon`` (certified, at ``delta``, by
-      ``accountant``), ``heldout_accuracy`` and ``heldout_loss`` on clients never trained on (on evaluated
-      rounds), the paper bounds (``paper_epsilon_igmm``, ...), ``generalization``, and under ``non_private`` the
-      diagnostics epsilon does not cover (training-client metrics, exact counts, timings);
-    - ``weights``: the final model as a flat float64 vector (``model.npz``; :func:`load_model` gives the module);
-    - ``strategy``: the strategy after the last round: its ``ledger`` (every release), ``epsilon()``, ``clip``;
-    - ``stopped_by`` (``"budget"``, ``"failures"`` or ``None``), ``stopped_reason``, ``stopped_detail``: why the
-      run ended early, if it did; ``timings``: seconds per phase (non-private);
-    - ``warnings``: what the run's settings do that they do not say (:func:`fedsim.run_checks.run_warnings`: a
-      cyclic schedule that leaves clients out, delta >= 1/N, canaries swamping the cohort, noise dwarfing the
-      signal), each ``{"kind", "message", "values"}``, as ``summary.json`` records them; they are also logged as
-      warnings (logger ``fedsim.run_checks``) before the first round.
+    Returns a :class:`fedsim.RunResult`: ``run_dir``, the ``rows`` (one per round, as in ``metrics.jsonl``), the
+    final ``weights``, the ``strategy`` after the last round (its ``ledger``), why the run stopped early if it did
+    (``stopped_by``, ``stopped_reason``, ``stopped_detail``), ``timings`` and ``warnings``: what the run's settings
+    do that they do not say (:func:`fedsim.run_checks.run_warnings`: a cyclic schedule that leaves clients out,
+    delta >= 1/N, canaries swamping the cohort, noise dwarfing the signal), which are also logged as warnings
+    (logger ``fedsim.run_checks``) before the first round.
 
     Raises :class:`fedsim.scenarios.ScenarioError` for a scenario that does not load or validate and
     ``ValueError`` for one that cannot run (both before anything is written).

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedsim.labels import see_docs
+
 #: ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``)
 REFERENCE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
@@ -52,7 +54,7 @@ def import_object(reference: str, what: str) -> Any:
     except ImportError as exc:
         raise ValueError(
             f"invalid {what}={reference!r}: module {module_name!r} cannot be imported ({exc}); it must be "
-            "installed or on PYTHONPATH in every process that trains (see the README, 'Your own model and data')"
+            f"installed or on PYTHONPATH in every process that trains ({see_docs('own-model')})"
         ) from exc
     obj: Any = module
     for part in attr.split("."):

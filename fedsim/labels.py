@@ -23,3 +23,25 @@ REASON_SUFFIX = "_reason"
 #: privacy loss at that delta (no noise, or too little for the rounds run), i.e. the release is not private; it is
 #: never a large finite epsilon. NaN (undefined: nothing computed) is ``null`` with no reason.
 INFINITE = "infinite"
+
+
+#: The pages of the documentation site (``docs/`` in the repository, built by ``make docs``) that hold the longer
+#: explanation an error message points to, by topic: ``(page under docs/, heading anchor)``. The anchors are the
+#: headings' MyST slugs; ``tests/test_docs_pointers.py`` checks that every page and heading exists.
+DOCS: dict[str, tuple[str, str]] = {
+    "neighbouring": ("explanations/privacy.md", "the-neighbouring-relation"),
+    "distributed": ("explanations/privacy.md", "distributed-noise"),
+    "engine": ("how-to/engines.md", "pick-an-engine-enginename"),
+    "training-path": ("how-to/engines.md", "pick-a-training-path-enginevectorize"),
+    "own-model": ("tutorials/own-model.md", "more-on-the-contract"),
+    "ray-cluster": ("how-to/ray-cluster.md", ""),
+    "resume": ("how-to/resume.md", "what-cannot-be-resumed-or-extended"),
+}
+
+
+def see_docs(topic: str) -> str:
+    """``see docs/<page>#<anchor>``: where the documentation explains ``topic`` (a key of :data:`DOCS`) at length,
+    for the end of an error message (the same path names the page in the repository and, as ``.html``, on the
+    built site)."""
+    page, anchor = DOCS[topic]
+    return f"see docs/{page}" + (f"#{anchor}" if anchor else "")

@@ -50,6 +50,7 @@ class Engine(Protocol):
     :class:`fedsim.flower.grid_engine.GridEngine` (Flower's Simulation Engine, or a real SuperLink); chosen by
     ``engine.name`` through :mod:`fedsim.registry`, where a new engine is registered."""
 
+    #: the engine's ``engine.name`` (its registry entry: :mod:`fedsim.registry`)
     name: str
 
     def train(self, plan: RoundPlan, weights: np.ndarray) -> tuple[PartialSum, list[dict[str, Any]]]:
@@ -60,16 +61,32 @@ class Engine(Protocol):
         """Per client: ``[client, num_examples, loss_sum, correct]``."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the engine holds (workers, processes, a Ray connection); the round loop does not call it:
+        whoever started the engine does."""
+        ...
 
 
 @dataclass
 class RunResult:
+    """What a run gives back (:func:`fedsim.run`, :func:`run_rounds`): its rows, its final model, the strategy that
+    released them and why it stopped. The run directory holds the same, written as the run went
+    (``metrics.jsonl``, ``model.npz``, ``ledger.json``, ``summary.json``)."""
+
+    #: the run directory (``None`` when nothing was written: ``fedsim.run(..., write=False)``)
     run_dir: Path | None
+    #: one dict per round, as in ``metrics.jsonl``: ``round``, ``epsilon`` (certified, at ``delta``, by
+    #: ``accountant``), ``heldout_accuracy`` and ``heldout_loss`` on clients never trained on (on evaluated
+    #: rounds), the paper bounds (``paper_epsilon_igmm``, ...), ``generalization``, and under ``non_private`` the
+    #: diagnostics epsilon does not cover (training-client metrics, exact counts, timings)
     rows: list[dict[str, Any]]
+    #: the final model as a flat float64 vector (``model.npz``; :func:`fedsim.load_model` gives the module)
     weights: np.ndarray
+    #: the strategy after the last round: its ``ledger`` (every release), ``epsilon()``, ``clip``
     strategy: DPFedAvg
+    #: why the run stopped early, in words (``None`` when it ran every round)
     stopped_reason: str | None = None
+    #: seconds per phase of the run (non-private)
     timings: dict[str, float] = field(default_factory=dict)
     #: why the run stopped early: ``"budget"`` (``privacy.max_epsilon``) or ``"failures"`` (more than
     #: ``engine.max_failed_fraction`` of a round's cohort failed); ``None`` when it ran every round

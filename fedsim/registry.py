@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedsim.labels import see_docs
+
 
 @dataclass(frozen=True)
 class EngineEntry:
@@ -119,7 +121,7 @@ def check_engine_name(name: Any) -> str:
         return name
     raise ValueError(
         f"engine.name={name!r} is not a registered engine; registered: {_listed()} "
-        "(fedsim.registry.register_engine adds one)"
+        f"(fedsim.registry.register_engine adds one; {see_docs('engine')})"
     )
 
 

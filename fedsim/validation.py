@@ -30,8 +30,9 @@ class PrivacyInputError(ValueError):
 class ScenarioError(ValueError):
     """A scenario could not be found, parsed or validated (or a sweep's settings refer to one that is not there).
 
-    Defined here, below every package, so that reporting code can raise it without importing the scenarios
-    package (which imports reporting code); :mod:`fedsim.scenarios` exports it under the same name."""
+    A ``ValueError``. Defined in :mod:`fedsim.validation`, below every package, so that reporting code can raise it
+    without importing the scenarios package (which imports reporting code); :mod:`fedsim.scenarios` exports it
+    under the same name."""
 
 
 def parse_value(raw: str) -> Any:

@@ -251,6 +251,9 @@ def load_scenario(
 
 
 def scenario_to_toml(scenario: Scenario) -> str:
+    """``scenario`` as the TOML text a run writes to ``config.toml`` (values that are ``None`` left out), which
+    :func:`load_scenario` reads back (``fedsim run --resume``, :func:`fedsim.load_model`); comments above it say
+    where the noise multiplier came from (its calibration to a target epsilon, the precedence rules applied)."""
     import tomli_w  # only when writing a scenario
 
     comments = [f"# {line}" for line in scenario.privacy.provenance(scenario.rounds)]

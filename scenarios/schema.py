@@ -10,6 +10,7 @@ placements, the certified accountants, server optimizers, training paths), and t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import types
@@ -32,6 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from fedsim import factories
 from fedsim.data import DATASETS, PARTITIONERS
+from fedsim.labels import see_docs
 from fedsim.models import MODEL_FACTORIES, MODELS
 from fedsim.privacy.accountants import DEFAULT_ACCOUNTANT, certified_methods
 from fedsim.privacy.settings import AdaptiveClipping, PrivacySettings, SecureAggregation, canaries_refused
@@ -48,6 +50,7 @@ from fedsim.strategies.server_opt import SERVER_OPTIMIZERS
 from fedsim.training.vectorized import VECTORIZE
 from fedsim.validation import (
     NO_NOISE,
+    NOISE_MULTIPLIER_RANGE,
     PrivacyInputError,
     composed_noise_multiplier,
     noise_multiplier_value,
@@ -61,16 +64,22 @@ Vectorize = Literal[VECTORIZE]  # type: ignore[valid-type]
 ServerOptimizerName = Literal[SERVER_OPTIMIZERS]  # type: ignore[valid-type]
 
 
-def _registered(field: str, names: Callable[[], tuple[str, ...]]) -> Callable[[Any], str]:
+def _registered(
+    field: str, names: Callable[[], tuple[str, ...]], docs: str | None = None
+) -> Callable[[Any], str]:
     """A validator accepting the names a registry holds when the scenario is validated (so a sampler, noise
-    mechanism, accountant or engine registered from outside fedsim is accepted), with the library's message."""
+    mechanism, accountant or engine registered from outside fedsim is accepted), with the library's message;
+    ``docs``: the topic of :data:`fedsim.labels.DOCS` whose page explains the choice, named in the message."""
 
     def check(value: Any) -> str:
         allowed = tuple(names())
         if value not in allowed:  # the loader adds the field and the value received
-            raise ValueError(f"must be one of {', '.join(allowed)}")
+            raise ValueError(
+                f"must be one of {', '.join(allowed)}" + (f"; {see_docs(docs)}" if docs else "")
+            )
         return value
 
+    check.names = names  # type: ignore[attr-defined]  # the reference pages list the names (scenario_keys)
     return check
 
 
@@ -180,7 +189,12 @@ class DataConfig(_Section):
     )
     options: dict[str, Any] | None = Field(None, description="data function: its keyword arguments")
     num_clients: int = Field(100, ge=2, description="clients in the population, held-out ones included")
-    partitioner: Partitioner = "dirichlet"
+    partitioner: Partitioner = Field(
+        "dirichlet",
+        description="how the training examples are split into clients: iid (uniformly), dirichlet (label skew set "
+        "by alpha), pathological (classes_per_client labels each) or shard (shards_per_client label-sorted shards "
+        "each)",
+    )
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (smaller = more label skew)")
     classes_per_client: int = Field(2, ge=1, description="pathological partitioner: labels per client")
     shards_per_client: int = Field(2, ge=1, description="shard partitioner: shards per client")
@@ -200,8 +214,16 @@ class DataConfig(_Section):
         description="domains: pairs of classes whose labels are exchanged in every domain after the first",
     )
     num_samples: int | None = Field(None, ge=100, description="mnist1d: examples to generate")
-    synthetic_alpha: float = Field(1.0, ge=0)
-    synthetic_beta: float = Field(1.0, ge=0)
+    synthetic_alpha: float = Field(
+        1.0,
+        ge=0,
+        description="synthetic: alpha of Synthetic(alpha, beta), how far the clients' models differ",
+    )
+    synthetic_beta: float = Field(
+        1.0,
+        ge=0,
+        description="synthetic: beta of Synthetic(alpha, beta), how far the clients' features differ",
+    )
     synthetic_iid: bool | None = Field(
         None, description="synthetic: one shared labelling model (Synthetic-IID)"
     )
@@ -328,11 +350,15 @@ class ModelConfig(BaseModel):
 
 
 class ClientConfig(_Section):
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(16, ge=1)
+    local_epochs: int = Field(
+        1, ge=1, description="passes over its own data a sampled client makes per round"
+    )
+    batch_size: int = Field(16, ge=1, description="examples per local SGD step")
     lr: float = Field(0.1, gt=0, le=FLOAT32_MAX, description="local SGD step size (float32 training)")
-    optimizer: Literal["sgd", "momentum"] = "sgd"
-    momentum: float = Field(0.9, ge=0, lt=1)
+    optimizer: Literal["sgd", "momentum"] = Field(
+        "sgd", description="the local optimizer: plain SGD, or SGD with heavy-ball momentum"
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="optimizer momentum: the momentum coefficient")
 
 
 #: the type of an error about one key inside the section being validated (:func:`error_at`)
@@ -454,16 +480,20 @@ class PrivacyConfig(_Section):
         1.0,
         ge=0,
         description="noise std on the sum = noise_multiplier * clip; 0: the non-private baseline (clipped, "
-        "un-noised; epsilon is infinite)",
+        "un-noised; epsilon is infinite); else in [{:g}, {:g}]".format(*NOISE_MULTIPLIER_RANGE),
     )
-    noise_placement: NoisePlacement = "central"
+    noise_placement: NoisePlacement = Field(
+        "central",
+        description="who adds the noise: the server to the clipped sum (central), or each sampled client a share "
+        "of it (distributed; the shares sum to the accounted noise over the expected cohort)",
+    )
     target_epsilon: float | None = Field(
         None,
         gt=0,
         description="calibrate noise_multiplier before the run so that the certified epsilon after `rounds` rounds "
         "is this (for the run's sampling, schedule and mechanism; the value found is written to the config)",
     )
-    delta: float = Field(1e-5, gt=0, lt=1)
+    delta: float = Field(1e-5, gt=0, lt=1, description="the delta epsilon is certified at")
     accountant: Annotated[str, AfterValidator(_registered("accountant", certified_methods))] = Field(
         DEFAULT_ACCOUNTANT,
         description="a certified accountant of the registry (fedsim.privacy.ACCOUNTANTS): pld, rdp, ...",
@@ -503,13 +533,20 @@ class PrivacyConfig(_Section):
         default_factory=SecAggConfig,
         description="secure aggregation of the clients' noised encodings ([privacy.secagg]; default: off)",
     )
-    adaptive_clip: bool = False
-    target_quantile: float = Field(0.5, gt=0, lt=1)
+    adaptive_clip: bool = Field(
+        False,
+        description="adaptive clipping (Andrew et al. 2021): the clip follows a quantile of the update norms, "
+        "estimated each round from a noised count of the unclipped updates (a release epsilon covers)",
+    )
+    target_quantile: float = Field(
+        0.5, gt=0, lt=1, description="adaptive clipping: the fraction of updates left unclipped it aims for"
+    )
     clip_lr: float = Field(0.2, gt=0, description="adaptive clipping: geometric step size eta_C")
     count_noise_multiplier: float | None = Field(
         None,
         gt=0,
-        description="adaptive clipping: noise std of the clipped-count release (default: clients/20)",
+        description="adaptive clipping: noise std of the clipped-count release (default: clients/20), in "
+        "[{:g}, {:g}]".format(*NOISE_MULTIPLIER_RANGE),
     )
 
     #: not settings: the precedence rules the loader applied when it merged this section's layers
@@ -646,17 +683,29 @@ class PrivacyConfig(_Section):
 
 
 class ServerConfig(_Section):
-    optimizer: ServerOptimizerName = "sgd"
-    lr: float = Field(1.0, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, gt=0, lt=1)
+    optimizer: ServerOptimizerName = Field(
+        "sgd",
+        description="applied to the released (noised) mean update: sgd (FedAvg at lr 1), momentum (FedAvgM) or "
+        "adam (FedAdam)",
+    )
+    lr: float = Field(1.0, gt=0, description="server step size")
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum, adam: the first-moment coefficient")
+    beta2: float = Field(0.99, gt=0, lt=1, description="adam: the second-moment coefficient")
     eps: float = Field(1e-3, gt=0, description="adam: denominator term (FedAdam's tau)")
 
 
 class AgnosticConfig(_Section):
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="agnostic FL (Mohri et al. 2019): train for the worst mixture of data.domains, whose mixture "
+        "weights (lambda) follow the noised per-domain losses",
+    )
     lambda_lr: float = Field(0.1, gt=0, description="projected gradient ascent step on the mixture weights")
-    loss_noise_multiplier: float = Field(1.0, gt=0, description="noise on the per-domain loss sums")
+    loss_noise_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="noise on the per-domain loss sums, in [{:g}, {:g}]".format(*NOISE_MULTIPLIER_RANGE),
+    )
 
     @field_validator("loss_noise_multiplier")
     @classmethod
@@ -665,14 +714,18 @@ class AgnosticConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: Annotated[str, AfterValidator(_registered("engine.name", engine_names))] = Field(
+    name: Annotated[str, AfterValidator(_registered("engine.name", engine_names, docs="engine"))] = Field(
         "auto",
         description="a registered engine (fedsim.registry.ENGINES): auto (local or ray, picked by the run's needs, "
         "the machine's CPUs and a round's size; summary.json says which and why), ray, local, flower, ...",
     )
-    num_workers: int = Field(2, ge=1)
-    num_cpus_per_worker: float = Field(1.0, gt=0)
-    num_gpus_per_worker: float = Field(0.0, ge=0)
+    num_workers: int = Field(2, ge=1, description="engine ray: the Ray workers that train the cohort")
+    num_cpus_per_worker: float = Field(
+        1.0, gt=0, description="CPUs Ray reserves for each worker (engine flower: for each virtual client)"
+    )
+    num_gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs Ray reserves for each worker (a fraction shares one); > 0 needs Ray"
+    )
     ray_address: str | None = Field(
         None,
         description="connect to an existing Ray cluster: 'auto' or its GCS address 'host:6379', from a node of "
@@ -829,8 +882,10 @@ SEEDS = {
 
 
 class Scenario(_Section):
-    name: str = "unnamed"
-    description: str = ""
+    name: str = Field("unnamed", description="the scenario's name: it names the run directory and the plots")
+    description: str = Field(
+        "", description="what the scenario runs or compares (`fedsim scenarios` lists it)"
+    )
     plugins: list[str] = Field(
         default_factory=list,
         description="modules imported before the rest of the scenario is validated, in every process that loads it "
@@ -841,16 +896,41 @@ class Scenario(_Section):
     seed: int = Field(0, ge=0, description="the shorthand for data_seed and noise_seed: each defaults to it")
     data_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['data_seed']} (default: seed)")
     noise_seed: int | None = Field(None, ge=0, description=f"draws {SEEDS['noise_seed']} (default: seed)")
-    rounds: int = Field(30, ge=1)
-    data: DataConfig = Field(default_factory=DataConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    client: ClientConfig = Field(default_factory=ClientConfig)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    agnostic: AgnosticConfig = Field(default_factory=AgnosticConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    report: ReportConfig = Field(default_factory=ReportConfig)
-    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    rounds: int = Field(
+        30, ge=1, description="rounds T: each samples a cohort, trains it and releases one update"
+    )
+    data: DataConfig = Field(
+        default_factory=DataConfig,
+        description="the dataset, its partition into clients, the held-out clients",
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="the model: a shipped one or a factory, its options, loss, metric",
+    )
+    client: ClientConfig = Field(
+        default_factory=ClientConfig, description="local training on a sampled client"
+    )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig,
+        description="client-level differential privacy: sampling, clipping, noise, accounting, budget",
+    )
+    server: ServerConfig = Field(
+        default_factory=ServerConfig, description="the server optimizer that applies the released mean update"
+    )
+    agnostic: AgnosticConfig = Field(
+        default_factory=AgnosticConfig,
+        description="agnostic federated learning over data.domains (default: off)",
+    )
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="where and how the cohort trains and is evaluated: engine, workers, threads, checkpoints",
+    )
+    report: ReportConfig = Field(
+        default_factory=ReportConfig, description="diagnostics and trackers beside the run directory"
+    )
+    sweep: SweepConfig = Field(
+        default_factory=SweepConfig, description="what `fedsim sweep NAME` compares when no --grid is given"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -942,3 +1022,186 @@ class Scenario(_Section):
                 f"engine.name={self.engine.name!r} (canaries are inserted by fedsim's own engines: 'auto', "
                 "'local' or 'ray')",
             )
+
+
+# --------------------------------------------------------------------------------------------- the keys, listed
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioKey:
+    """One key of a scenario as the reference page lists it (docs/reference/scenario-keys.md is generated from
+    :func:`scenario_keys`, so the page is the schema): every cell is text read off the field itself."""
+
+    #: the dotted path a scenario file's tables and ``--set`` write (``privacy.secagg.threshold``)
+    key: str
+    #: what the value is (``a number``, ``a whole number or 'auto'``, ``a table``)
+    type: str
+    #: the default as TOML writes it; ``""`` where there is none (not set, or a table)
+    default: str
+    #: the values accepted beyond the type: Literal choices, a registry's names, the Field's range; ``""``: any
+    allowed: str
+    #: the field's ``description``
+    meaning: str
+    #: a table of keys (``[privacy.secagg]``), listed before its keys
+    table: bool = False
+
+
+#: how a type reads in the reference (a Literal's choices go to ``allowed``; None is "not set", shown as no default)
+_TYPE_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "text",
+    Any: "any value",
+}
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union (``X | None`` included), or the annotation alone."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _type_text(annotation: Any) -> str:
+    """``annotation`` in words: its union's members joined with "or" (None left out: it is "not set")."""
+    words: list[str] = []
+    for member in _members(annotation):
+        if member is type(None):
+            continue
+        origin, args = typing.get_origin(member), typing.get_args(member)
+        if origin is Annotated:
+            text = _type_text(args[0])
+        elif origin is Literal:
+            text = _TYPE_WORDS[type(args[0])] if args and type(args[0]) in _TYPE_WORDS else "a value"
+        elif origin in (list, tuple):  # a tuple[float, ...] is a TOML list too
+            text = f"a list of ({_type_text(args[0])})" if args else "a list"
+        elif origin is dict or (isinstance(member, type) and issubclass(member, BaseModel)):
+            text = "a table"
+        elif origin is Callable or member is Callable:  # typing.Callable[..., Any] and the bare one
+            text = "a Python callable (API only)"
+        else:
+            text = _TYPE_WORDS.get(member, getattr(member, "__name__", str(member)))
+        if text not in words:
+            words.append(text)
+    return " or ".join(words)
+
+
+def _allowed_text(field: Any) -> str:
+    """The values ``field`` accepts beyond its type: a Literal's choices, a registry's names as registered now
+    (:func:`_registered`), and the range its ``Field(ge=..., lt=...)`` gives, in :func:`_bounds`'s words (the
+    same text a boolean given for a number is refused with)."""
+    parts: list[str] = []
+    for member in _members(field.annotation):
+        origin, args = typing.get_origin(member), typing.get_args(member)
+        if origin is Literal:
+            parts.append("one of " + ", ".join(f"`{a}`" for a in args))
+        elif origin is Annotated:
+            bounds = _bounds([m for info in args[1:] for m in getattr(info, "metadata", [info])]).strip()
+            if bounds:
+                parts.append(f"{_type_text(args[0])} {bounds}")
+    for validator in field.metadata:
+        names = getattr(getattr(validator, "func", None), "names", None)
+        if names is not None:
+            parts.append("a registered name: " + ", ".join(f"`{n}`" for n in names()))
+    bounds = _bounds(field.metadata).strip()
+    if bounds:
+        parts.append(bounds)
+    return "; or ".join(parts)
+
+
+def _default_text(field: Any) -> str:
+    """The default of a value (not a table) as TOML writes it; ``""`` for none (not set)."""
+    if field.is_required():
+        return ""
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return ""
+    if isinstance(value, dict | list) and not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    return _toml_literal(value)
+
+
+def _description(key: str, field: Any) -> str:
+    """A field's meaning; a field without one is refused, so the reference cannot list a key it does not explain
+    (the documentation build fails, naming the key)."""
+    if not (field.description or "").strip():
+        raise ValueError(
+            f"scenario key {key!r} has no description: give its Field a description= in scenarios/schema.py "
+            "(docs/reference/scenario-keys.md lists every key with its meaning)"
+        )
+    return " ".join(field.description.split())
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds a table of (``MechanismConfig`` for ``MechanismConfig | None``), else None."""
+    return next((m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)), None)
+
+
+def _mechanism_option_keys(prefix: str) -> list[ScenarioKey]:
+    """``privacy.mechanism``'s options: each registered mechanism's (:func:`option_names`), read off its class's
+    dataclass fields (type and default). The meaning is the field's ``metadata["description"]`` where the class
+    gives one, else the class, whose docstring explains its options. An option several mechanisms take is one row
+    naming each (and each default, where they differ)."""
+    takers: dict[str, list[tuple[str, type, dataclasses.Field]]] = {}
+    for name, cls in NOISE_SOURCES.items():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for option in option_names(name):
+            takers.setdefault(option, []).append((name, cls, fields[option]))
+    rows = []
+    for option, mechanisms in takers.items():
+        defaults = {
+            name: "" if f.default in (None, dataclasses.MISSING) else _toml_literal(f.default)
+            for name, _, f in mechanisms
+        }
+        if len(set(defaults.values())) > 1:
+            default = ", ".join(f"{d or 'not set'} (`{n}`)" for n, d in defaults.items())
+        else:
+            default = next(iter(defaults.values()))
+        said = [f.metadata.get("description") for _, _, f in mechanisms if f.metadata.get("description")]
+        classes = ", ".join(f"{c.__module__}.{c.__qualname__}" for _, c, _ in mechanisms)
+        meaning = (
+            said[0] if said else f"an option of the mechanism's class ({classes}: its docstring says what)"
+        )
+        name, cls, _ = mechanisms[0]
+        rows.append(
+            ScenarioKey(
+                f"{prefix}.{option}",
+                _type_text(typing.get_type_hints(cls)[option]),
+                default,
+                "with mechanism " + " or ".join(f"`{n}`" for n, _, _ in mechanisms),
+                " ".join(meaning.split()),
+            )
+        )
+    return rows
+
+
+def scenario_keys(model: type[BaseModel] = Scenario, prefix: str = "") -> list[ScenarioKey]:
+    """Every key a scenario may set, depth first in the schema's order: each table (``[privacy]``) before its keys,
+    nested tables (``privacy.secagg``, ``privacy.mechanism``) within it, the keys a table takes beyond its fields
+    (a model's options, a mechanism's) after them. Raises ValueError for a field without a description.
+
+    The text comes from the fields themselves (annotation, default, ``Field`` range, description) and the
+    registries as they stand, so a registered plug-in's names are listed where its module was imported first."""
+    rows: list[ScenarioKey] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        meaning = _description(key, field)
+        section = _section(field.annotation)
+        if section is not None:
+            shorthand = _type_text(field.annotation).replace("a table", "").strip(" or")
+            kind = "a table" + (f" or {shorthand}" if shorthand else "")
+            rows.append(ScenarioKey(key, kind, "", _allowed_text(field), meaning, table=True))
+            rows.extend(scenario_keys(section, f"{key}."))
+            if section is MechanismConfig:
+                rows.extend(_mechanism_option_keys(key))
+            elif section.model_config.get("extra") == "allow":
+                doc = " ".join((section.__doc__ or "").split())
+                rows.append(ScenarioKey(f"{key}.<option>", "any value", "", "", doc))
+            continue
+        rows.append(
+            ScenarioKey(
+                key, _type_text(field.annotation), _default_text(field), _allowed_text(field), meaning
+            )
+        )
+    return rows

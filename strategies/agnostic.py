@@ -63,18 +63,26 @@ DOMAIN_LOSSES = "domain-losses"
 class DPAgnosticFedAvg(DPFedAvg):
     """DP-FedAvg whose aggregate is the ``lambda``-weighted average over client domains (agnostic FL).
 
-    Parameters (beyond :class:`DPFedAvg`)
+    It takes :class:`DPFedAvg`'s parameters and these.
+
+    Parameters
     ----------
-    client_domains : client id (or Flower node id) -> domain index in ``range(num_domains)``; a mapping or a
-        callable.
-    num_domains : number of domains.
-    lambda_lr : step size of the projected gradient ascent on ``lambda``.
-    loss_noise_multiplier : std of the noise on each per-domain loss sum (sensitivity 1).
-    loss_bound : per-example losses are clipped to ``[0, loss_bound]`` and divided by it (default ``log(10)``,
-        the loss of a uniform prediction over 10 classes).
-    initial_lambda : start of ``lambda`` (default: proportional to the domains' sizes, i.e. FedAvg's mixture).
-    domain_sizes : the public number of clients in each domain, fixed before the run (``None``: counted over the
-        first round's clients, which makes those counts public).
+    client_domains
+        client id (or Flower node id) -> domain index in ``range(num_domains)``; a mapping or a callable.
+    num_domains
+        number of domains.
+    lambda_lr
+        step size of the projected gradient ascent on ``lambda``.
+    loss_noise_multiplier
+        std of the noise on each per-domain loss sum (sensitivity 1).
+    loss_bound
+        per-example losses are clipped to ``[0, loss_bound]`` and divided by it (default ``log(10)``, the loss
+        of a uniform prediction over 10 classes).
+    initial_lambda
+        start of ``lambda`` (default: proportional to the domains' sizes, i.e. FedAvg's mixture).
+    domain_sizes
+        the public number of clients in each domain, fixed before the run (``None``: counted over the first
+        round's clients, which makes those counts public).
     """
 
     def __init__(

@@ -95,45 +95,59 @@ class DPFedAvg(Strategy):
 
     Parameters
     ----------
-    privacy : the run's privacy settings (:class:`fedsim.privacy.PrivacySettings`: sampling and cohort, clip, noise
-        multiplier, noise placement, noise mechanism and its options, participation schedule, adaptive clipping,
-        delta, accountant, max_epsilon), validated once with the one set of combination rules. A Python caller
-        may give the same settings as keywords instead (``DPFedAvg(sampling_rate=0.1, noise_multiplier=1.0)``):
-        they build the object. Briefly: ``clip = 0`` is no clipping (plain FedAvg, needs ``noise_multiplier = 0``);
-        ``noise_multiplier = 0`` is the un-noised baseline (epsilon infinite); ``noise_placement = "distributed"``
-        has each sampled client add its share of the noise (the mechanism's :meth:`~fedsim.round.NoiseSource.
-        share_scale` over the expected cohort, a public number) and the server the shares missing below the
-        expected cohort, so the total is at least the accounted one; with Flower (:meth:`start`) it is refused
-        unless ``distributed_without_secagg=True``: secure aggregation (``privacy.secagg``) runs in fedsim's own
-        ServerApp (:mod:`fedsim.secagg`), whose rounds have the protocol's several message exchanges.
-    sampling : as a keyword, also a :class:`fedsim.round.Sampler` object (with its state).
-    noise : a :class:`fedsim.round.NoiseSource` object (with its state) instead of the settings' ``mechanism``
+    privacy
+        the run's privacy settings (:class:`fedsim.privacy.PrivacySettings`: sampling and cohort, clip, noise
+        multiplier, noise placement, noise mechanism and its options, participation schedule, adaptive
+        clipping, delta, accountant, max_epsilon), validated once with the one set of combination rules. A
+        Python caller may give the same settings as keywords instead (``DPFedAvg(sampling_rate=0.1,
+        noise_multiplier=1.0)``): they build the object. Briefly: ``clip = 0`` is no clipping (plain FedAvg,
+        needs ``noise_multiplier = 0``); ``noise_multiplier = 0`` is the un-noised baseline (epsilon
+        infinite); ``noise_placement = "distributed"`` has each sampled client add its share of the noise (the
+        mechanism's :meth:`~fedsim.round.NoiseSource.share_scale` over the expected cohort, a public number)
+        and the server the shares missing below the expected cohort, so the total is at least the accounted
+        one; with Flower (:meth:`start`) it is refused unless ``distributed_without_secagg=True``: secure
+        aggregation (``privacy.secagg``) runs in fedsim's own ServerApp (:mod:`fedsim.secagg`), whose rounds
+        have the protocol's several message exchanges.
+    sampling
+        as a keyword, also a :class:`fedsim.round.Sampler` object (with its state).
+    noise
+        a :class:`fedsim.round.NoiseSource` object (with its state) instead of the settings' ``mechanism``
         name; its declarations are checked by the same rules. It provides every noise vector the strategy
-        releases and says what the ledger records for each round (:meth:`~fedsim.round.NoiseSource.dp_release`).
-    server_optimizer : applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
-    seed : seeds the sampling and noise generators (simulation). ``None`` (the default): every random
-        quantity that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn
-        from the operating system's entropy; deployments must use that.
-    population : the public population size, fixed before the run (for example the number of clients the deployment
-        is for). Everything released that would depend on the number of clients comes from it, never from the
-        realised one, which one client changes under add/remove neighbours: the denominator (the expected cohort
-        ``q * population``, or ``population`` for ``"all"``) and, when ``clients_per_round`` is given, the sampling
-        probability ``q = clients_per_round / population`` (McMahan et al.'s fixed-denominator estimator). The
-        accounting stays over the clients actually sampled from in each round (the connected nodes under Flower,
-        the training clients in fedsim's engines), whatever their number. ``None``: each round's realised number of
-        clients is used and is therefore public: the guarantee is then for zero-out neighbours (a client replaced by
-        one contributing nothing; the same epsilon), which ``relation`` and the summary say.
-    fraction_evaluate : fraction of nodes asked for federated evaluation. Client evaluation metrics are
-        *not* privatised nor accounted: needs ``diagnostics=True``.
-    diagnostics : also return the round's non-private diagnostics (:data:`NON_PRIVATE`: exact cohort and reply
-        counts, un-noised norm statistics) to Flower, which logs them, and allow federated evaluation. Off by
-        default: without it, only noised or public quantities leave the strategy through Flower.
-    ledger : a ledger to continue (e.g. ``Ledger.load("ledger.json")`` of an earlier run): its releases count
+        releases and says what the ledger records for each round
+        (:meth:`~fedsim.round.NoiseSource.dp_release`).
+    server_optimizer
+        applied to the private mean update (default: plain SGD with lr 1, i.e. FedAvg).
+    seed
+        seeds the sampling and noise generators (simulation). ``None`` (the default): every random quantity
+        that protects clients (cohort, central noise, the count noise of adaptive clipping) is drawn from the
+        operating system's entropy; deployments must use that.
+    population
+        the public population size, fixed before the run (for example the number of clients the deployment is
+        for). Everything released that would depend on the number of clients comes from it, never from the
+        realised one, which one client changes under add/remove neighbours: the denominator (the expected
+        cohort ``q * population``, or ``population`` for ``"all"``) and, when ``clients_per_round`` is given,
+        the sampling probability ``q = clients_per_round / population`` (McMahan et al.'s fixed-denominator
+        estimator). The accounting stays over the clients actually sampled from in each round (the connected
+        nodes under Flower, the training clients in fedsim's engines), whatever their number. ``None``: each
+        round's realised number of clients is used and is therefore public: the guarantee is then for zero-out
+        neighbours (a client replaced by one contributing nothing; the same epsilon), which ``relation`` and
+        the summary say.
+    fraction_evaluate
+        fraction of nodes asked for federated evaluation. Client evaluation metrics are *not* privatised nor
+        accounted: needs ``diagnostics=True``.
+    diagnostics
+        also return the round's non-private diagnostics (:data:`NON_PRIVATE`: exact cohort and reply counts,
+        un-noised norm statistics) to Flower, which logs them, and allow federated evaluation. Off by default:
+        without it, only noised or public quantities leave the strategy through Flower.
+    ledger
+        a ledger to continue (e.g. ``Ledger.load("ledger.json")`` of an earlier run): its releases count
         toward ``max_epsilon`` and new rounds are recorded after its last round.
-    distributed_without_secagg : accept ``noise_placement="distributed"`` in :meth:`start` although fedsim has no
-        secure aggregation (:func:`check_distributed_noise`); the certified epsilon then holds against parties who
-        see the released model, not against this server.
-    rounds : the run's planned rounds (a correlated mechanism optimises its noise for them; None: not known).
+    distributed_without_secagg
+        accept ``noise_placement="distributed"`` in :meth:`start` although fedsim has no secure aggregation
+        (:func:`check_distributed_noise`); the certified epsilon then holds against parties who see the
+        released model, not against this server.
+    rounds
+        the run's planned rounds (a correlated mechanism optimises its noise for them; None: not known).
     """
 
     def __init__(

@@ -17,6 +17,11 @@ string is ``{name}``, such as ``{toctree}``) is markup, not an example, and is n
       a ServerApp; its ``main`` is then called on ``tests/apps/loopback.py``'s in-process grid of N nodes, each the
       shipped ClientApp, with that run config;
     - ``with stand-ins for mypkg``: a TOML block naming a user's package; ``mypkg`` (:data:`MYPKG`) is importable;
+    - ``save as PATH``: a ``python`` or ``toml`` block that is a file of the page's project (a tutorial's model
+      factory, its scenario); a python block is also exec'd, a toml block also checked as a fragment;
+    - ``in the page's folder``: a ``bash`` block run where the page's earlier blocks left their work: each earlier
+      ``save as`` block written to its PATH, each earlier python block without one exec'd there, in page order;
+      a command may start with ``PYTHONPATH=.`` (paths relative to that folder), as the page tells the reader to;
     - a final ``(REMARK)`` says why, for the reader.
 ``<!-- readme-test: output of `COMMAND`; CLAUSE ... -->``
     a block that shows output only: COMMAND (after the clauses) is run and its output compared with the block.
@@ -52,6 +57,7 @@ def doc_files() -> list[Path]:
     """README.md and every Markdown page of the site (the build folder aside), in a fixed order."""
     pages = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts)
     return [README, *pages]
+
 
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARKER = re.compile(r"^<!-- readme-test: (.*) -->$")
@@ -95,6 +101,8 @@ class Directive:
     main_nodes: int = 0
     main_run_config: dict[str, str] = field(default_factory=dict)
     stand_ins: bool = False
+    save_as: str = ""
+    page_folder: bool = False
 
 
 @dataclass
@@ -149,7 +157,9 @@ def read_blocks(text: str | None = None, path: Path = README) -> list[Block]:
         marker = _MARKER.match(lines[j].strip()) if j >= 0 else None
         if not m.group(1).startswith("{"):
             text_ = "\n".join(body) + "\n"
-            out.append(Block(m.group(1), text_, start + 1, marker.group(1) if marker else None, section, path))
+            out.append(
+                Block(m.group(1), text_, start + 1, marker.group(1) if marker else None, section, path)
+            )
         i += 1
     return out
 
@@ -208,6 +218,10 @@ def parse_marker(text: str) -> Directive:
             d.main_run_config = dict(item.split("=", 1) for item in shlex.split(m.group(2)))
         elif clause == "with stand-ins for mypkg":
             d.stand_ins = True
+        elif m := re.fullmatch(r"save as (\S+)", clause):
+            d.save_as = m.group(1)
+        elif clause == "in the page's folder":
+            d.page_folder = True
         else:
             raise ValueError(f"unknown clause {clause!r} in marker {text!r}")
     return d
@@ -250,8 +264,10 @@ def transcript(text: str) -> tuple[list[str], list[str]]:
 
 def with_appends(argv: list[str], d: Directive) -> list[str]:
     """``argv`` with the marker's ``append ... to fedsim SUB`` arguments for its subcommand."""
-    if len(argv) >= 2 and argv[0] == "fedsim" and argv[1] in d.appends:
-        return [*argv, *d.appends[argv[1]]]
+    env = argv[:1] if argv and argv[0].startswith("PYTHONPATH=") else []
+    command = argv[len(env) :]
+    if len(command) >= 2 and command[0] == "fedsim" and command[1] in d.appends:
+        return [*env, *command, *d.appends[command[1]]]
     return list(argv)
 
 
@@ -272,18 +288,21 @@ class Result:
         return f"$ {shlex.join(self.argv)}\n-> exit {self.returncode}\n{self.stdout}\n{self.stderr}"
 
 
-def run_fedsim(commands: list[tuple[list[str], Path]], timeout: float = 600.0) -> list[Result]:
+def run_fedsim(commands: list[tuple[list[str], Path]], timeout: float | None = None) -> list[Result]:
     """Run ``fedsim`` commands in order, each ``(argv, cwd)`` in its own forked process (see the module docstring).
 
     The runner sets ``OMP_NUM_THREADS=1`` unless it is set: on a small machine shared with other work, torch's
     thread pool spinning against other processes made the same commands 3-20x slower (the printed numbers do not
     depend on it: the README's rows, from 1-CPU Ray workers, are compared exactly)."""
+    # a budget per command (the site's pages have dozens; a few sweeps take minutes on a loaded 2-core machine)
+    timeout = timeout if timeout is not None else 300.0 + 120.0 * len(commands)
     for argv, _ in commands:
+        argv = argv[1:] if argv and argv[0].startswith("PYTHONPATH=") else argv
         if not argv or argv[0] != "fedsim":
             raise ValueError(f"only fedsim commands run here, not {shlex.join(argv)!r}")
     with tempfile.TemporaryDirectory(prefix="readme-run-") as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"commands": [(a[1:], str(cwd)) for a, cwd in commands], "out": tmp}))
+        job.write_text(json.dumps({"commands": [(a, str(cwd)) for a, cwd in commands], "out": tmp}))
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         proc = subprocess.run(
             [sys.executable, __file__, str(job)], capture_output=True, text=True, timeout=timeout, env=env
@@ -304,9 +323,18 @@ def run_fedsim(commands: list[tuple[list[str], Path]], timeout: float = 600.0) -
 
 
 def _child(argv: list[str], cwd: str, out: str, err: str) -> int:
+    """``[PYTHONPATH=P] fedsim ARGS`` in ``cwd``: P's folders (relative to ``cwd``) go first on ``sys.path``, where
+    the engines hand it to their workers, as the variable would for a fresh ``fedsim`` process."""
     from fedsim.cli import main
 
     os.chdir(cwd)
+    if argv[0].startswith("PYTHONPATH="):
+        paths = [os.path.abspath(p) for p in argv.pop(0).split("=", 1)[1].split(os.pathsep) if p]
+        sys.path[:0] = paths
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+    argv = argv[1:]  # "fedsim"
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)

@@ -14,6 +14,7 @@ each command's time).
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -69,9 +70,7 @@ def test_every_block_is_run_here_or_marked_with_the_test_that_covers_it():
         if d.kind == "skip":
             for ref in d.covered_by:
                 path, _, test = ref.partition("::")
-                assert (ROOT / path).is_file(), (
-                    f"{block.where}: the marker names {path}, which is missing"
-                )
+                assert (ROOT / path).is_file(), f"{block.where}: the marker names {path}, which is missing"
                 if test:
                     assert re.search(rf"def {test}\(", (ROOT / path).read_text()), f"{ref} is not defined"
             continue
@@ -85,16 +84,26 @@ def test_every_block_is_run_here_or_marked_with_the_test_that_covers_it():
 
 # --------------------------------------------------------------------------------- fedsim commands (bash)
 @pytest.fixture(scope="module")
-def fedsim_results(tmp_path_factory) -> dict[str, list]:
-    """The fedsim commands of every bash block, transcript and output block, each block in its own folder; one
-    runner for all of them (it imports fedsim and torch once)."""
+def fedsim_results(request, tmp_path_factory) -> dict[str, list]:
+    """The fedsim commands of the bash blocks, transcripts and output blocks that this session's selected tests ask
+    for (all of them in a full run; a ``-k`` selection runs only its own), each block in its own folder; one runner
+    for all of them (it imports fedsim and torch once)."""
+    wanted = {
+        item.callspec.params["block"].name
+        for item in request.session.items
+        if hasattr(item, "callspec") and isinstance(item.callspec.params.get("block"), Block)
+    }
     commands, owners = [], []
     for block in FEDSIM_BLOCKS + TRANSCRIPTS:
+        if block.name not in wanted:
+            continue
         d = block.directive()
         cwd = tmp_path_factory.mktemp(block.name)
         for path, scenario in d.files.items():
             (cwd / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(_scenario_file(scenario), cwd / path)
+        if d.page_folder:
+            _replay_page(block, cwd)
         if block in TRANSCRIPTS:
             argvs = [transcript(apply_replacements(block.text, d))[0]]
         elif d.kind == "output":
@@ -109,6 +118,26 @@ def fedsim_results(tmp_path_factory) -> dict[str, list]:
         results.setdefault(owner, []).append(res)
         print(f"{owner}: {res.seconds:5.1f} s  exit {res.returncode}  {shlex.join(res.argv)}")
     return results
+
+
+def _replay_page(block: Block, folder: Path) -> None:
+    """What the blocks of ``block``'s page before it leave in the reader's folder (``in the page's folder``): each
+    ``save as PATH`` block written to PATH, each other python block exec'd there, in page order."""
+    cwd = Path.cwd()
+    try:
+        os.chdir(folder)
+        for earlier in (b for b in BLOCKS if b.path == block.path and b.line < block.line):
+            d = earlier.directive()
+            if d.kind == "skip":
+                continue
+            if d.save_as:
+                (folder / d.save_as).parent.mkdir(parents=True, exist_ok=True)
+                (folder / d.save_as).write_text(earlier.text)
+            elif earlier.lang == "python":
+                namespace = {"__name__": f"docs_{earlier.line}"}
+                exec(compile(apply_replacements(earlier.text, d), earlier.where, "exec"), namespace)
+    finally:
+        os.chdir(cwd)
 
 
 def _scenario_file(name: str) -> Path:
@@ -191,9 +220,7 @@ def test_transcript_prints_what_the_readme_shows(block, fedsim_results):
             continue
         while k < len(printed) and printed[k] != want:
             k += 1
-        assert k < len(printed), (
-            f"{block.where}: not printed (in this order):\n{line}\n---\n{res.stdout}"
-        )
+        assert k < len(printed), f"{block.where}: not printed (in this order):\n{line}\n---\n{res.stdout}"
         k += 1
 
 
@@ -202,6 +229,10 @@ def test_transcript_prints_what_the_readme_shows(block, fedsim_results):
 def test_python_block_runs(block, tmp_path, monkeypatch, capsys):
     d = block.directive()
     monkeypatch.chdir(tmp_path)
+    if d.save_as:  # a file of the page's project (a module it then names by reference): importable from here
+        (tmp_path / d.save_as).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / d.save_as).write_text(block.text)
+        monkeypatch.syspath_prepend(str(tmp_path))
     namespace = {"__name__": f"docs_{block.line}"}
     exec(compile(apply_replacements(block.text, d), block.where, "exec"), namespace)
     if d.main_nodes:

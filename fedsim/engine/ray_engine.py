@@ -479,7 +479,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
         # workers import the user's model factory, loss and data function by reference: they get the
         # driver's import path through the environment the raylet (and so every worker) inherits while
         # ray.init starts it. A runtime_env would do the same at 1.4-3.5 s more per start (measured).
-        # A cluster's nodes need the code installed, or a runtime_env (see the README).
+        # A cluster's nodes need the code installed, or a runtime_env (docs/how-to/ray-cluster.md).
         with _driver_pythonpath():
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **kwargs)
     return True

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.experiment import build_experiment, privacy_settings
+from fedsim.labels import see_docs
 from fedsim.loop import Engine, RunResult, run_rounds
 from fedsim.privacy.settings import resume_refusal
 from fedsim.registry import ENGINES, engine_entry
@@ -42,7 +43,8 @@ def build_engine(scenario: Scenario, data: Any, settings: Any) -> Engine:
     entry = engine_entry(scenario.engine.name)
     if entry.drives_loop:
         raise ValueError(
-            f"engine.name={entry.name!r} runs the round loop itself; allowed here: {_in_loop_engines()}"
+            f"engine.name={entry.name!r} runs the round loop itself; allowed here: {_in_loop_engines()} "
+            f"({see_docs('engine')})"
         )
     target = entry.resolve()
     return getattr(target, "start", target)(scenario, data, settings)

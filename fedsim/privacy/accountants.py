@@ -1,16 +1,16 @@
 """Accountants selected by name; each returns epsilon after every round (and the delta it used).
 
-=================  ==============  ==============================================================
-method             kind            what it is
-=================  ==============  ==============================================================
-``pld``            certified       dp-accounting privacy loss distributions (tightest)
-``rdp``            certified       dp-accounting Renyi DP (looser, exact at every round)
-``igmm-corrected`` valid bound     the paper's structure with valid pieces (formula sheet, s. 3)
-``kairouz``        valid bound     optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta)
-``basic``          valid bound     basic composition of per-step (eps, delta)
-``igmm``           **paper bound** UAI Theorem 7 exactly as printed (not a valid certificate)
-``dp-fl-thm8``     **paper bound** arXiv Theorem 8 as printed (not a valid certificate)
-=================  ==============  ==============================================================
+==================  ===============  =====================================================================
+method              kind             what it is
+==================  ===============  =====================================================================
+``pld``             certified        dp-accounting privacy loss distributions (tightest)
+``rdp``             certified        dp-accounting Renyi DP (looser, exact at every round)
+``igmm-corrected``  valid bound      the paper's structure with valid pieces (formula sheet, s. 3)
+``kairouz``         valid bound      optimal composition (Kairouz et al. Thm 3.3) of per-step (eps, delta)
+``basic``           valid bound      basic composition of per-step (eps, delta)
+``igmm``            **paper bound**  UAI Theorem 7 exactly as printed (not a valid certificate)
+``dp-fl-thm8``      **paper bound**  arXiv Theorem 8 as printed (not a valid certificate)
+==================  ===============  =====================================================================
 
 *Certified* means computed by dp-accounting's accountants, which fedsim reports as the run's epsilon. A *valid
 bound* is a closed form written here that is a correct upper bound on epsilon (never below the certified

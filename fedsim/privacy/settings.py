@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedsim.labels import see_docs
 from fedsim.round.mechanism_options import check_mechanism_options
 from fedsim.round.noise import NOISE_SOURCES, NoiseSource, make_noise_source, placement
 from fedsim.round.sampling import ADD_REMOVE, Sampler, make_sampler, sampler_class
@@ -309,7 +310,8 @@ def _check_noise(settings: Any, sampler: Any, noise: Any) -> None:
             "sampling",
             settings.sampling,
             f"is accounted under {sampler.neighbouring!r} neighbours; mechanism={noise.name!r} is accounted under "
-            f"{' or '.join(repr(r) for r in relations)} only (use sampling='poisson' or 'all')",
+            f"{' or '.join(repr(r) for r in relations)} only (use sampling='poisson' or 'all'; "
+            f"{see_docs('neighbouring')})",
         )
     gaussian = noise.noise_kind == Mechanism.__dataclass_fields__["noise_kind"].default
     if (noise.single_release or not gaussian) and not noise.correlated:  # correlated: the schedule's message
@@ -455,7 +457,7 @@ def _check_canaries(settings: Any, sampler: Any) -> None:
             "(the one-run audit inserts or leaves out each canary by a coin, so it tests an add-remove "
             "guarantee, which a replace-one epsilon is not: a fixed-size cohort's sampling probability moves "
             "with every canary inserted; use sampling='poisson' with clients_per_round or sampling_rate, or a "
-            "participation schedule)"
+            f"participation schedule; {see_docs('neighbouring')})"
         )
     if why:
         raise canaries_refused(settings.canaries, why)
@@ -500,7 +502,11 @@ def resume_refusal(settings: Any, randomness: str, old_rounds: int, target_round
             "Start a new run with rounds and target_epsilon set together; nothing was changed"
         )
     why = extension_refusal(settings.noise_class, old_rounds, target_rounds)
-    return f"rounds={target_rounds}: {why}. Start a new run; nothing was changed" if why else None
+    return (
+        f"rounds={target_rounds}: {why}. Start a new run; nothing was changed ({see_docs('resume')})"
+        if why
+        else None
+    )
 
 
 def extension_refusal(noise: Any, old: int, target: int) -> str | None:
@@ -557,6 +563,7 @@ def deployment_refusal(settings: Any, trusted_server: bool, opt_in: str) -> str 
             "noise, and against the server the certified epsilon would not hold. Enable [privacy.secagg] (SecAgg+, "
             "with mechanism 'ddgauss' or 'skellam': the server learns only the noised sum), use noise_placement = "
             "'central' (the server adds the noise: epsilon holds against everyone who sees the released model), "
-            f"or, if the server is trusted and only third parties must be kept out, opt in with {opt_in}"
+            f"or, if the server is trusted and only third parties must be kept out, opt in with {opt_in} "
+            f"({see_docs('distributed')})"
         )
     return None

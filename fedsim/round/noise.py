@@ -116,7 +116,9 @@ class NoiseSource(SeededState):
     :meth:`extra_state` / :meth:`load_extra_state`; :meth:`for_clients` is what the clients' shares are drawn from
     (by default this source itself, which is small enough to ship to every worker)."""
 
+    #: the seed of every noise stream (simulation); ``None``: the operating system's entropy
     seed: int | None = None
+    #: the mechanism's name in the registry (:data:`NOISE_SOURCES`), which a scenario's ``privacy.mechanism`` gives
     name: ClassVar[str] = "independent"
     #: names this class's state was saved under before (checkpoints of earlier versions; not inherited)
     aliases: ClassVar[tuple[str, ...]] = ("gaussian",)

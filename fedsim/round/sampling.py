@@ -93,7 +93,9 @@ class Sampler(SeededState):
     :meth:`state_dict` (for these counter-based samplers: their seed).
     """
 
+    #: the seed of the cohorts' generator (simulation); ``None``: the operating system's entropy
     seed: int | None = None
+    #: the scheme's name in the registry (:data:`SAMPLERS`), which a scenario's ``privacy.sampling`` gives
     name: ClassVar[str] = ""
     #: the neighbouring relation a round of this scheme is accounted under
     neighbouring: ClassVar[str] = ADD_REMOVE

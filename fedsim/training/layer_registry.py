@@ -25,8 +25,11 @@ Check = Callable[[nn.Module], str | None]
 class LayerRule:
     """How the per-layer path runs one layer type (see :func:`register`)."""
 
+    #: the rule: ``forward(module, params, k, masks, x, *args, **kwargs)``, the layer run for ``k`` stacked clients
     forward: Rule
+    #: whether the rule also applies the parameters of the layer's descendants (the walk then skips them)
     owns_children: bool = False
+    #: why the rule cannot run the layer as it is configured (``None``: it can)
     check: Check | None = None
     #: whether the layer, as configured, draws dropout in training mode (its rule then draws each client's masks)
     draws: Callable[[nn.Module], bool] | None = None
@@ -50,7 +53,8 @@ def register(
     draws: Callable[[nn.Module], bool] | None = None,
     alone: Rule | None = None,
 ) -> Callable[[Rule], Rule]:
-    """Register ``rule`` for exactly these layer types (a subclass may override ``forward``: it gets no rule).
+    """A decorator: ``@register(nn.Linear)`` registers the function below it, ``rule``, for exactly these layer
+    types (a subclass may override ``forward``: it gets no rule).
 
     ``rule(module, params, k, masks, x, *args, **kwargs)`` replaces the layer's ``forward`` (it receives the
     same arguments) for a stacked batch of ``k`` clients; ``params`` holds the layer's parameters ``[K, *shape]``

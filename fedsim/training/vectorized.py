@@ -41,6 +41,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.factories import cross_entropy, per_example
+from fedsim.labels import see_docs
 
 from .layers import (
     DropoutMasks,
@@ -235,12 +236,15 @@ def choose_path(
                 return TrainingPath("per-layer", step, (), acts)
             except Unsupported as exc:
                 if requested == "per-layer":
-                    raise ValueError(f"engine.vectorize='per-layer' cannot train this model: {exc}") from None
+                    raise ValueError(
+                        f"engine.vectorize='per-layer' cannot train this model: {exc} ({see_docs('training-path')})"
+                    ) from None
                 fallbacks.append(f"per-layer: {exc}")
             except Exception as exc:  # the model raised under the rules (an Embedding on random float inputs)
                 if requested == "per-layer":
                     raise ValueError(
-                        f"engine.vectorize='per-layer' cannot train this model: {type(exc).__name__}: {exc}"
+                        f"engine.vectorize='per-layer' cannot train this model: {type(exc).__name__}: {exc} "
+                        f"({see_docs('training-path')})"
                     ) from None
                 fallbacks.append(_refusal("per-layer", exc, examples))
         try:
@@ -251,7 +255,9 @@ def choose_path(
             return TrainingPath("vmap", step, tuple(fallbacks), acts)
         except Exception as exc:  # vmap raises many kinds of errors for what it cannot batch
             if requested == "vmap":
-                raise ValueError(f"engine.vectorize='vmap' cannot train this model: {exc}") from None
+                raise ValueError(
+                    f"engine.vectorize='vmap' cannot train this model: {exc} ({see_docs('training-path')})"
+                ) from None
             fallbacks.append(_refusal("vmap", exc, examples))
         return TrainingPath("loop", None, tuple(fallbacks), acts)
     finally:

@@ -1,6 +1,6 @@
 """The Python API and the models a run leaves: ``fedsim.run`` returns the run's result, ``model.pt`` is the final
-model's ``state_dict``, ``fedsim.load_model`` rebuilds it from the run directory, the README's example runs as
-printed, and ``import fedsim`` stays light."""
+model's ``state_dict``, ``fedsim.load_model`` rebuilds it from the run directory, the documentation's example
+(docs/how-to/python-api.md) runs as printed, and ``import fedsim`` stays light."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import fedsim
 from fedsim.scenarios import ScenarioError
 from fedsim.training.trainer import TrainSettings, make_model
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PYTHON_API_PAGE = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "python-api.md"
 # a Conv2d CNN with GroupNorm (tests/user_models.py): parameters of several layer types, in the trainer's order
 SMALL = [
     "rounds=2",
@@ -127,19 +127,17 @@ def test_a_callable_from_main_is_refused_before_anything_is_written(tmp_path):
     assert not out.exists()
 
 
-def _readme_example() -> str:
-    text = README.read_text()
-    section = text.split("\n## Python API\n", 1)
-    assert len(section) == 2, "README.md has no '## Python API' section"
-    block = re.search(r"```python\n(.*?)```", section[1], re.S)
-    assert block, "the Python API section has no ```python block"
+def _python_api_example() -> str:
+    """The first ```python block of the Python API how-to, the example a reader copies first."""
+    block = re.search(r"```python\n(.*?)```", PYTHON_API_PAGE.read_text(), re.S)
+    assert block, f"{PYTHON_API_PAGE} has no ```python block"
     return block.group(1)
 
 
-def test_the_readme_python_api_example_runs_as_printed(tmp_path, monkeypatch, capsys):
-    code = _readme_example()
+def test_the_python_api_example_runs_as_printed(tmp_path, monkeypatch, capsys):
+    code = _python_api_example()
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (Python API)", "exec"), {"__name__": "readme_example"})
+    exec(compile(code, "docs/how-to/python-api.md", "exec"), {"__name__": "python_api_example"})
     printed = capsys.readouterr().out
     assert "epsilon" in printed and "held-out accuracy" in printed, printed
     runs = [p for p in tmp_path.rglob("model.pt")]
