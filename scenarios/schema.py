@@ -74,9 +74,7 @@ def _registered(
     def check(value: Any) -> str:
         allowed = tuple(names())
         if value not in allowed:  # the loader adds the field and the value received
-            raise ValueError(
-                f"must be one of {', '.join(allowed)}" + (f"; {see_docs(docs)}" if docs else "")
-            )
+            raise ValueError(f"must be one of {', '.join(allowed)}" + (f"; {see_docs(docs)}" if docs else ""))
         return value
 
     check.names = names  # type: ignore[attr-defined]  # the reference pages list the names (scenario_keys)
