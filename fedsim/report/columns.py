@@ -95,8 +95,11 @@ RUN_FILES: dict[str, RunFile] = {
         "engine.checkpoint_every > 0 (default 10)",
     ),
     "summary.json": RunFile(
-        "the last row's values, the noise settings, privacy_scope (what epsilon covers), the paper bounds' audit, "
-        "the engine used; timings and a stop by client failures under non_private"
+        "the last row's values, the noise settings, privacy_scope (what epsilon covers, and every file, plot and "
+        "console line that shows what it does not), the paper bounds' audit, the engine used, the run's warnings; "
+        "under non_private the timings and, after a stop by client failures (exit 4), stopped_by, stopped_reason and "
+        "rounds_completed (a stop by the privacy budget, exit 3, is a function of public parameters and stays at "
+        "the top level); final_non_private and non_private_failed_clients are named so"
     ),
     "model.npz": RunFile("the final model as a flat float64 vector (`np.load(path)['weights']`)"),
     "model.pt": RunFile(

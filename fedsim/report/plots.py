@@ -223,10 +223,10 @@ def not_private_reason(run: dict[str, Any]) -> str | None:
 
 
 def _wrap_name(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width`` characters, broken after a comma or a slash (a sweep's settings and
-    its seed); a part longer than a line is split, never cut: the lines joined are ``text``."""
+    """``text`` in lines of at most ``width`` characters, broken after a space, a comma or a slash (words, a sweep's
+    settings and its seed); a part longer than a line is split, never cut: the lines joined are ``text``."""
     lines, line = [], ""
-    for part in re.split(r"(?<=[,/])", text):
+    for part in re.split(r"(?<=[ ,/])", text):
         if line and len(line) + len(part) > width:
             lines.append(line)
             line = ""

@@ -47,3 +47,9 @@ def test_tls_and_supernode_authentication_run_two_rounds_and_refuse_strangers(tm
     deployed_ledger = json.loads((tmp_path / "server-run" / "ledger.json").read_text())
     assert deployed_ledger == json.loads((tmp_path / "simulated" / "ledger.json").read_text())
     assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in sim.rows]
+
+    # the deployment tutorial's last step: `fedsim report` reads the server's run directory and draws its plots
+    from fedsim.cli import main
+
+    assert main(["report", str(tmp_path / "server-run")]) == 0
+    assert (tmp_path / "server-run" / "plots" / "epsilon.png").is_file()

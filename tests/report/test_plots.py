@@ -196,6 +196,14 @@ def test_a_long_name_wraps_at_its_commas_and_keeps_every_character():
     assert lines[0].endswith(",")
 
 
+def test_a_title_of_words_wraps_between_words():
+    """What a plot shows is words: a line ends at a space, never inside a word ("per rou" / "nd" was drawn)."""
+    what = "agnostic FL: mixture weights lambda and noised domain losses per round, held-out loss per domain"
+    lines = plots._wrap_name(what, 40)
+    assert "".join(lines) == what and all(len(line) <= 40 for line in lines)
+    assert all(line.endswith((" ", ",")) for line in lines[:-1]), lines
+
+
 def test_a_non_private_run_says_its_epsilon_is_infinite_instead_of_an_empty_log_plot(runs):
     run = _run(runs, "not_private")
     assert run["summary"]["private"] is False and plots.not_private_reason(run) == "noise_multiplier = 0"
