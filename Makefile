@@ -3,15 +3,20 @@
 #   make test   create .venv, install fedsim with test extras, run the test suite
 #   make docs   build the documentation site into docs/_build/html (warnings are errors)
 #
-# TORCH picks the PyTorch build. The default pins the CPU build that this project is developed on,
-# so that no CUDA packages are downloaded. With a GPU: make run TORCH=torch   (or any torch spec).
+# TORCH picks the PyTorch version (default: the one this project is developed and tested on), TORCH_INDEX an extra
+# package index for its build. Which build pip takes depends on the machine's package sources: on Linux, PyPI's
+# torch==2.13.0 wheel is a CUDA build (several GB of nvidia packages); for the CPU-only build, point TORCH_INDEX at
+# PyTorch's CPU index:  make run TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (the development machine's pip configuration already serves the CPU wheel). Any torch: make run TORCH=torch
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 SCENARIO ?= quickstart
 ARGS ?=
 
 BIN := $(VENV)/bin
+PIP_TORCH := "$(TORCH)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export FLWR_TELEMETRY_ENABLED ?= 0
@@ -25,15 +30,15 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet "$(TORCH)" -e .
+	$(BIN)/pip install --quiet $(PIP_TORCH) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[test]"
+	$(BIN)/pip install --quiet $(PIP_TORCH) -e ".[test]"
 	touch $(VENV)/.installed $@
 
 $(VENV)/.installed-docs: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet "$(TORCH)" -e ".[docs]"
+	$(BIN)/pip install --quiet $(PIP_TORCH) -e ".[docs]"
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

@@ -709,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run a scenario end to end",
-        epilog="exit codes: 0 done; 2 bad input; 3 stopped by privacy.max_epsilon before the round that would "
+        epilog="exit codes: 0 done; 1 the engine could not go on (finished rounds are written); 2 bad input; 3 stopped by privacy.max_epsilon before the round that would "
         "exceed it (finished rounds are written); 4 stopped because more than engine.max_failed_fraction of a "
         "round's clients failed (that round is not released; earlier rounds are written); 130 interrupted",
     )

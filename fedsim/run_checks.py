@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 #: warn when the expected noise norm on a round's mean update exceeds the clip by more than this factor (the clip
 #: bounds the clipped mean's norm; clients' updates rarely align, so the signal is usually well below it). Measured on
-#: README reproduction 4 (noise-mechanisms-shakespeare: LSTM, 58,137 parameters, 81 clients a round, 60 rounds): the
+#: reproduction 4 (docs/reproductions/noise-mechanisms.md; noise-mechanisms-shakespeare: LSTM, 58,137 parameters, 81 clients a round, 60 rounds): the
 #: runs at ratios 1.9 to 4.0 learned (held-out accuracy 0.28 to 0.36), the two above 6 did not (independent noise on
 #: the cyclic schedule at 6.0 diverged to 0.04; tree noise at 6.9 reached 0.21, near the 0.19 of always predicting a
 #: space); digits_cnn (6,186 parameters, 18 a round) at 4.4 reached 0.78 in 30 rounds. The diverged Shakespeare

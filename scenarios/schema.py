@@ -880,6 +880,11 @@ SEEDS = {
 
 
 class Scenario(_Section):
+    """One experiment, validated: what :func:`fedsim.load_scenario` returns (a TOML file with ``--set`` items
+    applied) and :func:`fedsim.run` runs. Built in Python, its model, loss and data may be callables defined at
+    module level in an importable module. Every key, with its type, default and allowed values, is on the
+    scenario keys reference page (``docs/reference/scenario-keys.md``), generated from this schema."""
+
     name: str = Field("unnamed", description="the scenario's name: it names the run directory and the plots")
     description: str = Field(
         "", description="what the scenario runs or compares (`fedsim scenarios` lists it)"

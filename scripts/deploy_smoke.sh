@@ -105,7 +105,7 @@ for port in "$LINK_PORT" "${NODE_PORTS[@]}" "$REFUSED_PORT"; do
 done
 
 # 1. stage the app (tracked + untracked-but-not-ignored files), without the legacy federations section and
-#    with the ServerApp's run-config keys declared (see the report / README for the pyproject diff)
+#    with the ServerApp's run-config keys declared (docs/tutorials/deploy.md)
 APP="$WORK/app"
 mkdir -p "$APP"
 (cd "$REPO" && git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$APP"/ 2>/dev/null || true)

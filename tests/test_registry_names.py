@@ -1,4 +1,4 @@
-"""Registered names are switched on only where they are implemented (README, "Extending": "nothing else in fedsim
+"""Registered names are switched on only where they are implemented (docs/how-to/extending.md: "nothing else in fedsim
 switches on these names").
 
 A registry (accountants, engines, noise placements, noise mechanisms) is a seam only if a name registered from

@@ -1,6 +1,6 @@
 """A real deployment with TLS and SuperNode authentication: one SuperLink and two SuperNodes on loopback, non-default
 ports, a temporary FLWR_HOME, `flwr run` of this Flower App for 2 rounds of DPFedAvg (``scripts/deploy_smoke.sh
---secure``, which the README's deployment section follows step by step).
+--secure``, which docs/tutorials/deploy.md follows step by step).
 
 Before the run the script starts a SuperNode whose key was never registered and one that does not speak TLS, and
 requires both to be refused. After it, the server's ledger and certified epsilons must equal those of the same

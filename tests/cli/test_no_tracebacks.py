@@ -205,7 +205,7 @@ def test_fedsim_privacy_refuses_numbers_past_the_accountants_naming_the_option(c
 def test_fedsim_privacy_on_a_long_schedule_with_little_noise_answers_pld_with_rdp_in_bounded_time(capsys):
     """Tree aggregation over 20,000 cyclic rounds is one Gaussian of noise multiplier z / s_T, 4e-4 at z = 1: its PLD
     would need about 5e10 points, and grew past 7.5 GB into a MemoryError. pld is answered with rdp where its PLD
-    would not fit (as the ledger does, README), and rdp is exact at checkpoints past 1,000 rounds (it took about a
+    would not fit (as the ledger does, docs/explanations/accountant.md), and rdp is exact at checkpoints past 1,000 rounds (it took about a
     minute at every round)."""
     import json
     import time

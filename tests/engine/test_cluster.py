@@ -1,4 +1,4 @@
-"""`ray_address`: the engine joins an existing multi-node Ray cluster and trains clients on every node; the README's
+"""`ray_address`: the engine joins an existing multi-node Ray cluster and trains clients on every node; docs/how-to/ray-cluster.md's
 `ray start --head` / `ray start --address` / `fedsim run --set engine.ray_address=...` sequence, as typed."""
 
 import json
@@ -86,7 +86,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_readme_ray_start_sequence_runs_a_scenario_on_the_cluster(tmp_path):
+def test_the_documented_ray_start_sequence_runs_a_scenario_on_the_cluster(tmp_path):
     """Two nodes started with Ray's own command line (each a foreground `ray start --block`, stopped by its PID),
     then `fedsim run` on the cluster: the summary says the Ray engine trained there, and both nodes' workers did."""
     ray_cli = str(Path(sys.executable).with_name("ray"))
