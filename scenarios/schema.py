@@ -85,11 +85,17 @@ def _registered(
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union (``X | None`` included), or the annotation alone."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
 def _number_kind(annotation: Any) -> str | None:
     """'a whole number' or 'a number' when a field's annotation (through ``| None`` and lists) takes numbers but not
     booleans, else None."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else ()
-    options = args or (annotation,)
+    options = _members(annotation)
     if bool in options or Any in options:
         return None
     if float in options:
@@ -1057,13 +1063,6 @@ _TYPE_WORDS: dict[Any, str] = {
     str: "text",
     Any: "any value",
 }
-
-
-def _members(annotation: Any) -> tuple[Any, ...]:
-    """The members of a union (``X | None`` included), or the annotation alone."""
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        return typing.get_args(annotation)
-    return (annotation,)
 
 
 def _type_text(annotation: Any) -> str:

@@ -127,6 +127,18 @@ class Block:
     def directive(self) -> Directive:
         return parse_marker(self.marker) if self.marker is not None else Directive()
 
+    def save(self, folder: Path) -> None:
+        """A ``save as PATH`` block written to ``folder / PATH``, as the page shows it (the reader's file)."""
+        path = folder / self.directive().save_as
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.text)
+
+    def exec(self) -> dict:
+        """A python block exec'd in the current folder, with its marker's replacements; its namespace."""
+        namespace = {"__name__": f"docs_{self.line}"}
+        exec(compile(apply_replacements(self.text, self.directive()), self.where, "exec"), namespace)
+        return namespace
+
 
 def read_blocks(text: str | None = None, path: Path = README) -> list[Block]:
     """Every fenced block of ``path`` (README.md by default; ``text`` in its place if given), with the marker right

@@ -131,11 +131,9 @@ def _replay_page(block: Block, folder: Path) -> None:
             if d.kind == "skip":
                 continue
             if d.save_as:
-                (folder / d.save_as).parent.mkdir(parents=True, exist_ok=True)
-                (folder / d.save_as).write_text(earlier.text)
+                earlier.save(folder)
             elif earlier.lang == "python":
-                namespace = {"__name__": f"docs_{earlier.line}"}
-                exec(compile(apply_replacements(earlier.text, d), earlier.where, "exec"), namespace)
+                earlier.exec()
     finally:
         os.chdir(cwd)
 
@@ -230,11 +228,9 @@ def test_python_block_runs(block, tmp_path, monkeypatch, capsys):
     d = block.directive()
     monkeypatch.chdir(tmp_path)
     if d.save_as:  # a file of the page's project (a module it then names by reference): importable from here
-        (tmp_path / d.save_as).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / d.save_as).write_text(block.text)
+        block.save(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))
-    namespace = {"__name__": f"docs_{block.line}"}
-    exec(compile(apply_replacements(block.text, d), block.where, "exec"), namespace)
+    namespace = block.exec()
     if d.main_nodes:
         _run_server_app(namespace, d)
     printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
